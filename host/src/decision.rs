@@ -1,0 +1,409 @@
+//! Decision points: the traits a policy implements, and the decision values it returns.
+//!
+//! The engine asks; the policy advises; the engine checks and decides. Every
+//! decision is a plain value. The allocator validates it against its own state
+//! ([`PlacementDecision::validate`], [`validate_victims`], …) and, when a decision is
+//! invalid or the policy failed ([`PolicyError`]), counts a fallback and takes the
+//! built-in default's decision for that one call. A policy therefore can never
+//! lose or corrupt a tensor.
+//!
+//! Native Rust policies (in [`crate::builtin`]) and WebAssembly policies (the
+//! policy runtime) implement the same traits, so they are interchangeable.
+
+use std::fmt;
+
+use crate::types::{Phase, StreamId, TensorId, TensorKind, Tier, GIB};
+
+/// A pool a placement policy wants the allocator to keep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolSpec {
+    /// Name; pools are matched by name across policy swaps.
+    pub name: String,
+    /// Release a segment to the device as soon as all of its blocks are free
+    /// (no caching). Used by the `naive` baseline.
+    pub release_when_empty: bool,
+}
+
+impl PoolSpec {
+    /// A caching pool named `name`.
+    pub fn caching(name: &str) -> Self {
+        PoolSpec {
+            name: name.to_string(),
+            release_when_empty: false,
+        }
+    }
+}
+
+/// A snapshot of the allocator's state that policies may read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PolicyContext {
+    /// Logical clock: number of allocator operations so far (never the wall clock).
+    pub clock: u64,
+    /// Current training phase (forward until the first marker).
+    pub phase: Option<Phase>,
+    /// Current training step.
+    pub step: u64,
+    /// Requested bytes of live tensors.
+    pub live_bytes: u64,
+    /// Bytes in blocks handed out.
+    pub allocated_bytes: u64,
+    /// Bytes obtained from the device.
+    pub reserved_bytes: u64,
+    /// Device capacity in bytes.
+    pub capacity_bytes: u64,
+}
+
+/// One allocation request, as a placement policy sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocRequest {
+    /// Requested size in bytes (> 0).
+    pub bytes: u64,
+    /// What the tensor holds.
+    pub kind: TensorKind,
+    /// Stream the tensor is allocated on.
+    pub stream: StreamId,
+}
+
+/// Where and how to place one allocation.
+///
+/// The allocator rounds the request to `round_to`, looks for the best-fitting
+/// free block of the chosen pool on the request's stream, and if there is none
+/// obtains a new segment of `max(segment_min, round_up(rounded, segment_round))`
+/// bytes. A block is split when at least `split_min_remainder` bytes would remain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlacementDecision {
+    /// Index into the policy's own [`PlacementPolicy::pools`] list.
+    pub pool: u32,
+    /// Block granularity: a power of two between 1 and 1 GiB.
+    pub round_to: u64,
+    /// Smallest new segment, in bytes (0: just the rounded request).
+    pub segment_min: u64,
+    /// New segments are a multiple of this: a power of two between 1 and 1 GiB.
+    pub segment_round: u64,
+    /// Split a larger free block when the remainder is at least this many bytes
+    /// (≥ 1; `u64::MAX` never splits).
+    pub split_min_remainder: u64,
+    /// Do not serve the request from a cached block larger than
+    /// `rounded + max_waste` bytes (`u64::MAX`: any block fits).
+    pub max_waste: u64,
+    /// The same decision holds for every request with the same
+    /// (kind, size class, stream, phase), so the engine may memoize it.
+    pub cacheable: bool,
+}
+
+/// Why a decision was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidDecision(pub String);
+
+impl fmt::Display for InvalidDecision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Largest `round_to` / `segment_round` a decision may ask for.
+pub const MAX_GRANULARITY: u64 = GIB;
+
+impl PlacementDecision {
+    /// Checks the decision for a request against a policy with `pool_count`
+    /// pools and returns `(rounded block bytes, new segment bytes)`.
+    pub fn validate(
+        &self,
+        req: &AllocRequest,
+        pool_count: usize,
+    ) -> Result<(u64, u64), InvalidDecision> {
+        if self.pool as usize >= pool_count {
+            return Err(InvalidDecision(format!(
+                "pool {} does not exist (the policy declares {pool_count})",
+                self.pool
+            )));
+        }
+        for (field, v) in [
+            ("round_to", self.round_to),
+            ("segment_round", self.segment_round),
+        ] {
+            if !v.is_power_of_two() || v > MAX_GRANULARITY {
+                return Err(InvalidDecision(format!(
+                    "{field} = {v} is not a power of two between 1 and {MAX_GRANULARITY}"
+                )));
+            }
+        }
+        if self.split_min_remainder == 0 {
+            return Err(InvalidDecision(
+                "split_min_remainder must be at least 1".into(),
+            ));
+        }
+        let rounded = crate::types::round_up(req.bytes, self.round_to)
+            .ok_or_else(|| InvalidDecision(format!("rounding {} bytes overflows", req.bytes)))?;
+        let segment = crate::types::round_up(rounded, self.segment_round)
+            .ok_or_else(|| InvalidDecision(format!("segment for {rounded} bytes overflows")))?
+            .max(self.segment_min);
+        Ok((rounded, segment))
+    }
+}
+
+/// The placement decision point: pools, rounding, segment growth, splitting.
+pub trait PlacementPolicy: Send {
+    /// Name for logs and reports.
+    fn name(&self) -> &str;
+    /// The pools this policy places into; decisions index this list.
+    fn pools(&self) -> Vec<PoolSpec>;
+    /// Decides where and how to place `req`.
+    fn place(
+        &mut self,
+        req: &AllocRequest,
+        ctx: &PolicyContext,
+    ) -> Result<PlacementDecision, PolicyError>;
+}
+
+/// What made the engine consult the reclamation policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReclaimTrigger {
+    /// The device could not provide a new segment of `segment_bytes` for `request`.
+    AllocFailed {
+        /// The request being served.
+        request: AllocRequest,
+        /// Size of the segment the device refused.
+        segment_bytes: u64,
+    },
+    /// A phase marker was reached.
+    Phase {
+        /// The new phase.
+        phase: Phase,
+        /// The step it belongs to.
+        step: u64,
+    },
+}
+
+/// How much cached memory to give back to the device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReclaimDecision {
+    /// Release fully free cached segments, largest first, until at least this
+    /// many bytes are released (0: none; `u64::MAX`: all).
+    pub release_bytes: u64,
+    /// Only from these pools (indices into the placement policy's pools are
+    /// not known here: engine-wide pool names); `None` = every pool.
+    pub pools: Option<Vec<String>>,
+}
+
+impl ReclaimDecision {
+    /// Release nothing.
+    pub fn none() -> Self {
+        ReclaimDecision {
+            release_bytes: 0,
+            pools: None,
+        }
+    }
+    /// Release every fully free cached segment.
+    pub fn all() -> Self {
+        ReclaimDecision {
+            release_bytes: u64::MAX,
+            pools: None,
+        }
+    }
+}
+
+/// The reclamation decision point: when and how much cached memory to release.
+pub trait ReclamationPolicy: Send {
+    /// Name for logs and reports.
+    fn name(&self) -> &str;
+    /// Decides what to release after `trigger`.
+    fn reclaim(
+        &mut self,
+        trigger: &ReclaimTrigger,
+        ctx: &PolicyContext,
+    ) -> Result<ReclaimDecision, PolicyError>;
+}
+
+/// A tensor the engine offers for eviction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EvictionCandidate {
+    /// The tensor.
+    pub id: TensorId,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// What it holds.
+    pub kind: TensorKind,
+    /// Where it is now.
+    pub tier: Tier,
+    /// Logical clock of its last use (or allocation).
+    pub last_use: u64,
+    /// Number of uses so far.
+    pub use_count: u64,
+    /// Resolved by a client right now: must not move.
+    pub in_use: bool,
+    /// Pinned by the client: must not move.
+    pub pinned: bool,
+}
+
+impl EvictionCandidate {
+    /// Whether the engine may move this tensor.
+    pub fn evictable(&self) -> bool {
+        !self.in_use && !self.pinned
+    }
+}
+
+/// The eviction decision point: which tensors to move off the device.
+pub trait EvictionPolicy: Send {
+    /// Name for logs and reports.
+    fn name(&self) -> &str;
+    /// Picks victims among `candidates` covering at least `need_bytes`.
+    fn choose_victims(
+        &mut self,
+        need_bytes: u64,
+        candidates: &[EvictionCandidate],
+        ctx: &PolicyContext,
+    ) -> Result<Vec<TensorId>, PolicyError>;
+}
+
+/// Checks a victim list: every victim offered, evictable, and listed once.
+/// Returns the total bytes the victims free.
+pub fn validate_victims(
+    candidates: &[EvictionCandidate],
+    victims: &[TensorId],
+) -> Result<u64, InvalidDecision> {
+    let mut seen = rustc_hash::FxHashSet::default();
+    let mut total = 0u64;
+    for v in victims {
+        let c = candidates
+            .iter()
+            .find(|c| c.id == *v)
+            .ok_or_else(|| InvalidDecision(format!("victim {v} was not offered")))?;
+        if !c.evictable() {
+            return Err(InvalidDecision(format!("victim {v} is in use or pinned")));
+        }
+        if !seen.insert(*v) {
+            return Err(InvalidDecision(format!("victim {v} is listed twice")));
+        }
+        total = total.saturating_add(c.bytes);
+    }
+    Ok(total)
+}
+
+/// Why a policy call produced no usable decision.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// The policy trapped (panic, unreachable, out-of-bounds access…).
+    #[error("trap: {0}")]
+    Trap(String),
+    /// The policy ran out of fuel.
+    #[error("out of fuel")]
+    OutOfFuel,
+    /// The policy ran past its per-call deadline.
+    #[error("deadline exceeded")]
+    Deadline,
+    /// The policy hit its memory limit.
+    #[error("memory limit exceeded")]
+    MemoryLimit,
+    /// The policy answered with a decision the engine refused.
+    #[error("invalid decision: {0}")]
+    InvalidDecision(String),
+    /// The policy was disabled after repeated failures.
+    #[error("policy disabled")]
+    Disabled,
+}
+
+impl From<InvalidDecision> for PolicyError {
+    fn from(e: InvalidDecision) -> Self {
+        PolicyError::InvalidDecision(e.0)
+    }
+}
+
+/// The three decision roles of a policy set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// [`PlacementPolicy`].
+    Placement,
+    /// [`ReclamationPolicy`].
+    Reclamation,
+    /// [`EvictionPolicy`].
+    Eviction,
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::Placement => "placement",
+            Role::Reclamation => "reclamation",
+            Role::Eviction => "eviction",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::MIB;
+
+    fn req(bytes: u64) -> AllocRequest {
+        AllocRequest {
+            bytes,
+            kind: TensorKind::Temp,
+            stream: StreamId(0),
+        }
+    }
+
+    fn d() -> PlacementDecision {
+        PlacementDecision {
+            pool: 0,
+            round_to: 512,
+            segment_min: 2 * MIB,
+            segment_round: 2 * MIB,
+            split_min_remainder: 512,
+            max_waste: u64::MAX,
+            cacheable: true,
+        }
+    }
+
+    #[test]
+    fn placement_validation() {
+        assert_eq!(d().validate(&req(100), 1), Ok((512, 2 * MIB)));
+        assert_eq!(d().validate(&req(3 * MIB), 1), Ok((3 * MIB, 4 * MIB)));
+        assert!(d().validate(&req(100), 0).is_err());
+        assert!(PlacementDecision { round_to: 3, ..d() }
+            .validate(&req(1), 1)
+            .is_err());
+        assert!(PlacementDecision {
+            segment_round: 0,
+            ..d()
+        }
+        .validate(&req(1), 1)
+        .is_err());
+        assert!(PlacementDecision {
+            split_min_remainder: 0,
+            ..d()
+        }
+        .validate(&req(1), 1)
+        .is_err());
+        assert!(d().validate(&req(u64::MAX - 10), 1).is_err());
+    }
+
+    #[test]
+    fn victim_validation() {
+        let c = |slot, in_use| EvictionCandidate {
+            id: TensorId {
+                slot,
+                generation: 0,
+            },
+            bytes: 10,
+            kind: TensorKind::Activation,
+            tier: Tier::Device,
+            last_use: 0,
+            use_count: 0,
+            in_use,
+            pinned: false,
+        };
+        let cands = [c(1, false), c(2, true)];
+        assert_eq!(validate_victims(&cands, &[cands[0].id]), Ok(10));
+        assert!(validate_victims(&cands, &[cands[1].id]).is_err());
+        assert!(validate_victims(&cands, &[cands[0].id, cands[0].id]).is_err());
+        assert!(validate_victims(
+            &cands,
+            &[TensorId {
+                slot: 9,
+                generation: 0
+            }]
+        )
+        .is_err());
+    }
+}
