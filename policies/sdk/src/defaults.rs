@@ -1,0 +1,182 @@
+//! The default decisions, as plain functions so that a policy can build on
+//! them. They are the same decisions as the engine's built-in defaults
+//! (`host/src/builtin/{pytorch,lru}.rs`), decision for decision.
+
+use alloc::string::ToString;
+use alloc::vec;
+use alloc::vec::Vec;
+
+use crate::types::{EvictionCandidate, PlacementDecision, PoolSpec, ReclaimDecision, ReclaimTrigger};
+
+/// `1 MiB`.
+pub const MIB: u64 = 1 << 20;
+/// PyTorch's minimum block size and rounding.
+pub const MIN_BLOCK: u64 = 512;
+/// Largest "small" request (after rounding).
+pub const SMALL_SIZE: u64 = MIB;
+/// Segment size of the small pool.
+pub const SMALL_BUFFER: u64 = 2 * MIB;
+/// Segment size for requests between 1 and 10 MiB.
+pub const LARGE_BUFFER: u64 = 20 * MIB;
+/// Requests from this size on get a segment of their own size.
+pub const MIN_LARGE_ALLOC: u64 = 10 * MIB;
+/// Rounding of segments.
+pub const ROUND_LARGE: u64 = 2 * MIB;
+
+/// A caching pool named `name`.
+pub fn caching_pool(name: &str) -> PoolSpec {
+    PoolSpec { name: name.to_string(), release_when_empty: false }
+}
+
+/// PyTorch's pools: `[small, large]`, both caching.
+pub fn pytorch_pools() -> Vec<PoolSpec> {
+    vec![caching_pool("small"), caching_pool("large")]
+}
+
+/// Rounds `x` up to a multiple of `to` (a power of two), or `None` on overflow.
+pub fn round_up(x: u64, to: u64) -> Option<u64> {
+    debug_assert!(to.is_power_of_two());
+    x.checked_add(to - 1).map(|v| v & !(to - 1))
+}
+
+/// The log2 size class `[2^k, 2^(k+1))` of `bytes` as `(low, high)`; the
+/// engine memoizes cacheable decisions per class (with kind, stream, phase).
+pub fn size_class(bytes: u64) -> (u64, u64) {
+    let low = if bytes == 0 { 0 } else { 1u64 << (63 - bytes.leading_zeros()) };
+    (low, low.saturating_mul(2))
+}
+
+/// Whether the size class of `bytes` holds sizes on both sides of `boundary`
+/// (sizes `< boundary` and sizes `≥ boundary`), so that one decision cannot
+/// serve the whole class.
+pub fn class_straddles(bytes: u64, boundary: u64) -> bool {
+    let (low, high) = size_class(bytes);
+    low < boundary && boundary < high
+}
+
+/// PyTorch CUDACachingAllocator's placement of a `bytes`-byte request into
+/// [`pytorch_pools`]: round to 512 B; ≤ 1 MiB → `small`, 2 MiB segments,
+/// split when ≥ 512 B remain; otherwise `large`, 20 MiB segments below 10 MiB
+/// and segments of the request's own size (rounded to 2 MiB) from 10 MiB on,
+/// split when more than 1 MiB remains. Not cacheable for the size classes
+/// that straddle the 1 MiB or the 10 MiB boundary.
+pub fn pytorch_placement(bytes: u64) -> PlacementDecision {
+    let rounded = round_up(bytes, MIN_BLOCK).unwrap_or(u64::MAX);
+    let (pool, segment_min, split_min_remainder) = if rounded <= SMALL_SIZE {
+        (0, SMALL_BUFFER, MIN_BLOCK)
+    } else if rounded < MIN_LARGE_ALLOC {
+        (1, LARGE_BUFFER, SMALL_SIZE + 1)
+    } else {
+        (1, 0, SMALL_SIZE + 1)
+    };
+    PlacementDecision {
+        pool,
+        round_to: MIN_BLOCK,
+        segment_min,
+        segment_round: ROUND_LARGE,
+        split_min_remainder,
+        max_waste: u64::MAX,
+        cacheable: !class_straddles(bytes, SMALL_SIZE + 1) && !class_straddles(bytes, MIN_LARGE_ALLOC),
+    }
+}
+
+/// PyTorch's reclamation: release every cached segment when the device
+/// refused a segment; release nothing at phase markers.
+pub fn pytorch_reclaim(trigger: &ReclaimTrigger) -> ReclaimDecision {
+    ReclaimDecision {
+        release_bytes: match trigger {
+            ReclaimTrigger::AllocFailed(_) => u64::MAX,
+            ReclaimTrigger::Phase(_) => 0,
+        },
+        pools: None,
+    }
+}
+
+/// Whether the engine may move `c` (neither in use nor pinned).
+pub fn evictable(c: &EvictionCandidate) -> bool {
+    !c.in_use && !c.pinned
+}
+
+/// Least recently used first: the evictable candidates in order of
+/// `(last-use, id)`, until `need_bytes` are covered (all of them if they do
+/// not cover it).
+pub fn lru_victims(need_bytes: u64, candidates: &[EvictionCandidate]) -> Vec<u64> {
+    let mut order: Vec<&EvictionCandidate> = candidates.iter().filter(|c| evictable(c)).collect();
+    order.sort_by_key(|c| (c.last_use, c.id));
+    take_until(need_bytes, order)
+}
+
+/// The ids of `ordered` candidates, in order, until their bytes cover
+/// `need_bytes`.
+pub fn take_until<'a>(need_bytes: u64, ordered: impl IntoIterator<Item = &'a EvictionCandidate>) -> Vec<u64> {
+    let mut got = 0u64;
+    let mut out = Vec::new();
+    for c in ordered {
+        if got >= need_bytes {
+            break;
+        }
+        got = got.saturating_add(c.bytes);
+        out.push(c.id);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{AllocFailure, AllocRequest, PhaseMarker, TensorKind, Tier};
+
+    #[test]
+    fn pytorch_size_classes() {
+        let d = pytorch_placement(100);
+        assert_eq!((d.pool, d.segment_min, d.split_min_remainder), (0, 2 * MIB, 512));
+        assert_eq!(pytorch_placement(MIB).pool, 0);
+        assert_eq!(pytorch_placement(MIB - 511).pool, 0);
+        let d = pytorch_placement(MIB + 1);
+        assert_eq!((d.pool, d.segment_min), (1, 20 * MIB));
+        let d = pytorch_placement(10 * MIB);
+        assert_eq!((d.pool, d.segment_min), (1, 0));
+        assert_eq!(pytorch_placement(10 * MIB - 512).segment_min, 20 * MIB);
+        assert_eq!(pytorch_placement(10 * MIB - 511).segment_min, 0);
+        assert!(!pytorch_placement(9 * MIB).cacheable);
+        assert!(!pytorch_placement(MIB + 100).cacheable);
+        assert!(!pytorch_placement(MIB).cacheable);
+        assert!(pytorch_placement(MIB - 1).cacheable);
+        assert!(pytorch_placement(3 * MIB).cacheable);
+        assert!(pytorch_placement(16 * MIB).cacheable);
+        assert!(pytorch_placement(64).cacheable);
+        assert_eq!(pytorch_placement(u64::MAX).pool, 1);
+    }
+
+    #[test]
+    fn pytorch_reclamation() {
+        let failed = ReclaimTrigger::AllocFailed(AllocFailure {
+            request: AllocRequest { bytes: 1, kind: TensorKind::Temp, stream_id: 0 },
+            segment_bytes: 2 * MIB,
+        });
+        assert_eq!(pytorch_reclaim(&failed).release_bytes, u64::MAX);
+        let phase = ReclaimTrigger::Phase(PhaseMarker { phase: crate::types::Phase::Backward, step: 3 });
+        assert_eq!(pytorch_reclaim(&phase).release_bytes, 0);
+    }
+
+    fn cand(id: u64, bytes: u64, last_use: u64, in_use: bool) -> EvictionCandidate {
+        EvictionCandidate {
+            id,
+            bytes,
+            kind: TensorKind::Activation,
+            tier: Tier::Device,
+            last_use,
+            use_count: 1,
+            in_use,
+            pinned: false,
+        }
+    }
+
+    #[test]
+    fn lru_order() {
+        let c = [cand(1, 10, 5, false), cand(2, 10, 1, false), cand(3, 10, 0, true), cand(4, 10, 1, false)];
+        assert_eq!(lru_victims(15, &c), vec![2, 4]);
+        assert_eq!(lru_victims(100, &c), vec![2, 4, 1]);
+        assert_eq!(lru_victims(0, &c), Vec::<u64>::new());
+    }
+}
