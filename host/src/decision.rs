@@ -27,10 +27,7 @@ pub struct PoolSpec {
 impl PoolSpec {
     /// A caching pool named `name`.
     pub fn caching(name: &str) -> Self {
-        PoolSpec {
-            name: name.to_string(),
-            release_when_empty: false,
-        }
+        PoolSpec { name: name.to_string(), release_when_empty: false }
     }
 }
 
@@ -107,21 +104,14 @@ pub const MAX_GRANULARITY: u64 = GIB;
 impl PlacementDecision {
     /// Checks the decision for a request against a policy with `pool_count`
     /// pools and returns `(rounded block bytes, new segment bytes)`.
-    pub fn validate(
-        &self,
-        req: &AllocRequest,
-        pool_count: usize,
-    ) -> Result<(u64, u64), InvalidDecision> {
+    pub fn validate(&self, req: &AllocRequest, pool_count: usize) -> Result<(u64, u64), InvalidDecision> {
         if self.pool as usize >= pool_count {
             return Err(InvalidDecision(format!(
                 "pool {} does not exist (the policy declares {pool_count})",
                 self.pool
             )));
         }
-        for (field, v) in [
-            ("round_to", self.round_to),
-            ("segment_round", self.segment_round),
-        ] {
+        for (field, v) in [("round_to", self.round_to), ("segment_round", self.segment_round)] {
             if !v.is_power_of_two() || v > MAX_GRANULARITY {
                 return Err(InvalidDecision(format!(
                     "{field} = {v} is not a power of two between 1 and {MAX_GRANULARITY}"
@@ -129,9 +119,7 @@ impl PlacementDecision {
             }
         }
         if self.split_min_remainder == 0 {
-            return Err(InvalidDecision(
-                "split_min_remainder must be at least 1".into(),
-            ));
+            return Err(InvalidDecision("split_min_remainder must be at least 1".into()));
         }
         let rounded = crate::types::round_up(req.bytes, self.round_to)
             .ok_or_else(|| InvalidDecision(format!("rounding {} bytes overflows", req.bytes)))?;
@@ -149,11 +137,12 @@ pub trait PlacementPolicy: Send {
     /// The pools this policy places into; decisions index this list.
     fn pools(&self) -> Vec<PoolSpec>;
     /// Decides where and how to place `req`.
-    fn place(
-        &mut self,
-        req: &AllocRequest,
-        ctx: &PolicyContext,
-    ) -> Result<PlacementDecision, PolicyError>;
+    fn place(&mut self, req: &AllocRequest, ctx: &PolicyContext) -> Result<PlacementDecision, PolicyError>;
+    /// Whether the engine should memoize decisions marked `cacheable` (worth
+    /// it when a call is expensive, e.g. into WebAssembly).
+    fn memoizable(&self) -> bool {
+        false
+    }
 }
 
 /// What made the engine consult the reclamation policy.
@@ -189,17 +178,11 @@ pub struct ReclaimDecision {
 impl ReclaimDecision {
     /// Release nothing.
     pub fn none() -> Self {
-        ReclaimDecision {
-            release_bytes: 0,
-            pools: None,
-        }
+        ReclaimDecision { release_bytes: 0, pools: None }
     }
     /// Release every fully free cached segment.
     pub fn all() -> Self {
-        ReclaimDecision {
-            release_bytes: u64::MAX,
-            pools: None,
-        }
+        ReclaimDecision { release_bytes: u64::MAX, pools: None }
     }
 }
 
@@ -208,11 +191,7 @@ pub trait ReclamationPolicy: Send {
     /// Name for logs and reports.
     fn name(&self) -> &str;
     /// Decides what to release after `trigger`.
-    fn reclaim(
-        &mut self,
-        trigger: &ReclaimTrigger,
-        ctx: &PolicyContext,
-    ) -> Result<ReclaimDecision, PolicyError>;
+    fn reclaim(&mut self, trigger: &ReclaimTrigger, ctx: &PolicyContext) -> Result<ReclaimDecision, PolicyError>;
 }
 
 /// A tensor the engine offers for eviction.
@@ -258,10 +237,7 @@ pub trait EvictionPolicy: Send {
 
 /// Checks a victim list: every victim offered, evictable, and listed once.
 /// Returns the total bytes the victims free.
-pub fn validate_victims(
-    candidates: &[EvictionCandidate],
-    victims: &[TensorId],
-) -> Result<u64, InvalidDecision> {
+pub fn validate_victims(candidates: &[EvictionCandidate], victims: &[TensorId]) -> Result<u64, InvalidDecision> {
     let mut seen = rustc_hash::FxHashSet::default();
     let mut total = 0u64;
     for v in victims {
@@ -336,11 +312,7 @@ mod tests {
     use crate::types::MIB;
 
     fn req(bytes: u64) -> AllocRequest {
-        AllocRequest {
-            bytes,
-            kind: TensorKind::Temp,
-            stream: StreamId(0),
-        }
+        AllocRequest { bytes, kind: TensorKind::Temp, stream: StreamId(0) }
     }
 
     fn d() -> PlacementDecision {
@@ -360,31 +332,16 @@ mod tests {
         assert_eq!(d().validate(&req(100), 1), Ok((512, 2 * MIB)));
         assert_eq!(d().validate(&req(3 * MIB), 1), Ok((3 * MIB, 4 * MIB)));
         assert!(d().validate(&req(100), 0).is_err());
-        assert!(PlacementDecision { round_to: 3, ..d() }
-            .validate(&req(1), 1)
-            .is_err());
-        assert!(PlacementDecision {
-            segment_round: 0,
-            ..d()
-        }
-        .validate(&req(1), 1)
-        .is_err());
-        assert!(PlacementDecision {
-            split_min_remainder: 0,
-            ..d()
-        }
-        .validate(&req(1), 1)
-        .is_err());
+        assert!(PlacementDecision { round_to: 3, ..d() }.validate(&req(1), 1).is_err());
+        assert!(PlacementDecision { segment_round: 0, ..d() }.validate(&req(1), 1).is_err());
+        assert!(PlacementDecision { split_min_remainder: 0, ..d() }.validate(&req(1), 1).is_err());
         assert!(d().validate(&req(u64::MAX - 10), 1).is_err());
     }
 
     #[test]
     fn victim_validation() {
         let c = |slot, in_use| EvictionCandidate {
-            id: TensorId {
-                slot,
-                generation: 0,
-            },
+            id: TensorId { slot, generation: 0 },
             bytes: 10,
             kind: TensorKind::Activation,
             tier: Tier::Device,
@@ -397,13 +354,6 @@ mod tests {
         assert_eq!(validate_victims(&cands, &[cands[0].id]), Ok(10));
         assert!(validate_victims(&cands, &[cands[1].id]).is_err());
         assert!(validate_victims(&cands, &[cands[0].id, cands[0].id]).is_err());
-        assert!(validate_victims(
-            &cands,
-            &[TensorId {
-                slot: 9,
-                generation: 0
-            }]
-        )
-        .is_err());
+        assert!(validate_victims(&cands, &[TensorId { slot: 9, generation: 0 }]).is_err());
     }
 }

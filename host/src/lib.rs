@@ -26,5 +26,8 @@
 
 #![warn(missing_docs)]
 
+pub mod alloc;
+pub mod builtin;
 pub mod decision;
+pub mod device;
 pub mod types;

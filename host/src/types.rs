@@ -65,12 +65,9 @@ impl fmt::Display for TensorKind {
 impl FromStr for TensorKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        TensorKind::ALL
-            .into_iter()
-            .find(|k| k.as_str() == s)
-            .ok_or_else(|| {
-                format!("unknown tensor kind `{s}` (expected param, grad, optim, activation, temp or other)")
-            })
+        TensorKind::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| {
+            format!("unknown tensor kind `{s}` (expected param, grad, optim, activation, temp or other)")
+        })
     }
 }
 
@@ -90,12 +87,7 @@ pub enum Phase {
 
 impl Phase {
     /// Every phase, in declaration order.
-    pub const ALL: [Phase; 4] = [
-        Phase::Forward,
-        Phase::Backward,
-        Phase::Optimizer,
-        Phase::StepEnd,
-    ];
+    pub const ALL: [Phase; 4] = [Phase::Forward, Phase::Backward, Phase::Optimizer, Phase::StepEnd];
 
     /// The name used in traces.
     pub fn as_str(self) -> &'static str {
@@ -120,16 +112,12 @@ impl FromStr for Phase {
         Phase::ALL
             .into_iter()
             .find(|p| p.as_str() == s)
-            .ok_or_else(|| {
-                format!("unknown phase `{s}` (expected forward, backward, optimizer or step_end)")
-            })
+            .ok_or_else(|| format!("unknown phase `{s}` (expected forward, backward, optimizer or step_end)"))
     }
 }
 
 /// A stream of work on the device (a CUDA stream; a modelled clock on `sim`).
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize)]
 pub struct StreamId(pub u32);
 
 impl fmt::Display for StreamId {
@@ -188,13 +176,10 @@ pub const GIB: u64 = 1 << 30;
 /// Parses a size such as `80GiB`, `512MiB`, `16GB`, `4096` (bytes).
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let value: f64 = num.parse().map_err(|_| {
-        format!("invalid size `{s}`: expected a number followed by a unit such as GiB")
-    })?;
+    let value: f64 =
+        num.parse().map_err(|_| format!("invalid size `{s}`: expected a number followed by a unit such as GiB"))?;
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kib" => KIB as f64,

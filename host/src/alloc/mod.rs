@@ -1,0 +1,696 @@
+//! The caching allocator: segments from the device, blocks carved from them,
+//! pools of free blocks, and the handle table.
+//!
+//! ```text
+//!  alloc(bytes, kind, stream) ──► placement decision (pool, rounding, growth, split)
+//!        │ best fit in pool.free[(stream, size, addr)] ──hit──► split? ──► handle
+//!        └─miss──► device.alloc_segment ──OOM──► reclamation decision ──► retry once
+//!  free(id) ──► merge with free neighbours ──► pool.free (or release if uncached pool)
+//! ```
+//!
+//! Invariants (every one checked by [`Allocator::check_invariants`], which
+//! tests call after every operation):
+//! - the blocks of a segment tile it without gaps or overlap;
+//! - no two neighbouring blocks are both free;
+//! - a block is free ⇔ it is in its pool's free index under its current key;
+//! - every live tensor maps to exactly one allocated block and back;
+//! - `reserved = Σ segment sizes`, `allocated = Σ allocated block sizes`,
+//!   `live = Σ requested bytes of live tensors`, per pool and in total;
+//! - `live ≤ allocated ≤ reserved ≤ device capacity`.
+//!
+//! A failed request (error value, including out-of-memory) leaves every live
+//! tensor, its block and address, and the live/allocated accounting unchanged;
+//! the only state an out-of-memory path may change is cached memory released
+//! by the reclamation remedy, and it is not even tried when the device reports
+//! that releasing everything cached could not make room.
+
+mod check;
+mod handles;
+mod policies;
+mod pool;
+mod slab;
+mod stats;
+
+pub use handles::Tensor;
+pub use policies::{PolicySet, RoleHealth};
+pub use pool::Pool;
+pub use slab::{Block, Segment, NIL};
+pub use stats::{Gauges, Stats};
+
+use crate::builtin::{Policies, PytorchPlacement};
+use crate::decision::{
+    AllocRequest, EvictionCandidate, EvictionPolicy, PlacementPolicy, PolicyContext, ReclaimDecision, ReclaimTrigger,
+    ReclamationPolicy,
+};
+use crate::device::{Device, DeviceError, DevicePtr};
+use crate::types::{Phase, StreamId, TensorId, TensorKind, Tier};
+use handles::HandleTable;
+use slab::Slab;
+
+/// Largest single request accepted (1 PiB): larger sizes are certainly bogus.
+pub const MAX_ALLOC: u64 = 1 << 50;
+
+/// Why an allocator operation failed. The state is unchanged unless noted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllocError {
+    /// A request for zero bytes.
+    #[error("zero-byte allocation requested ({kind} on {stream})")]
+    ZeroSize {
+        /// Kind of the request.
+        kind: TensorKind,
+        /// Stream of the request.
+        stream: StreamId,
+    },
+    /// A request larger than [`MAX_ALLOC`].
+    #[error("request of {bytes} bytes exceeds the largest supported allocation ({MAX_ALLOC} bytes)")]
+    TooLarge {
+        /// Requested bytes.
+        bytes: u64,
+    },
+    /// The device could not provide the memory, even after reclamation.
+    #[error(
+        "out of memory: {kind} request of {bytes} bytes on {stream} needs a new segment of {segment_bytes} bytes; \
+         device capacity {capacity}, reserved {reserved}, live {live}"
+    )]
+    OutOfMemory {
+        /// Requested bytes.
+        bytes: u64,
+        /// Kind of the request.
+        kind: TensorKind,
+        /// Stream of the request.
+        stream: StreamId,
+        /// Segment size that could not be obtained.
+        segment_bytes: u64,
+        /// Bytes reserved when it failed.
+        reserved: u64,
+        /// Live bytes when it failed.
+        live: u64,
+        /// Device capacity.
+        capacity: u64,
+    },
+    /// The handle is not a live tensor (never issued, or already freed).
+    #[error("{0} is not a live tensor (never allocated, or already freed)")]
+    UnknownTensor(TensorId),
+    /// An access outside the tensor's bytes.
+    #[error("access of {len} bytes at offset {offset} is outside {id} ({bytes} bytes)")]
+    OutOfBounds {
+        /// The tensor.
+        id: TensorId,
+        /// Offset of the access.
+        offset: u64,
+        /// Length of the access.
+        len: u64,
+        /// Size of the tensor.
+        bytes: u64,
+    },
+    /// The device failed in an unexpected way.
+    #[error("device error: {0}")]
+    Device(#[from] DeviceError),
+}
+
+/// A read-only view of one live tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// Requested bytes.
+    pub bytes: u64,
+    /// Kind.
+    pub kind: TensorKind,
+    /// Stream.
+    pub stream: StreamId,
+    /// Current device address (valid until the next allocator call).
+    pub address: DevicePtr,
+    /// Size of the block holding it.
+    pub block_bytes: u64,
+    /// Name of its pool.
+    pub pool: u32,
+}
+
+/// What happened, for recorders (snapshot export, plots).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActionKind {
+    /// A block was handed to a tensor.
+    Alloc,
+    /// A tensor's block was returned to its pool.
+    Free,
+    /// A segment was obtained from the device.
+    SegmentAlloc,
+    /// A segment was released to the device.
+    SegmentFree,
+}
+
+/// One recorded allocator action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Action {
+    /// What happened.
+    pub kind: ActionKind,
+    /// Address of the block or segment.
+    pub addr: DevicePtr,
+    /// Size of the block or segment (for `Alloc`/`Free`: the requested bytes).
+    pub size: u64,
+    /// Stream.
+    pub stream: StreamId,
+    /// Logical clock.
+    pub clock: u64,
+}
+
+/// A read-only view of one segment and its blocks, lowest address first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentView {
+    /// Base address.
+    pub base: DevicePtr,
+    /// Size in bytes.
+    pub size: u64,
+    /// Pool name.
+    pub pool: String,
+    /// Stream.
+    pub stream: StreamId,
+    /// `(offset, size, requested bytes if allocated)` per block.
+    pub blocks: Vec<(u64, u64, Option<u64>)>,
+}
+
+/// The caching allocator over a device `D`.
+pub struct Allocator<D: Device> {
+    device: D,
+    blocks: Slab<Block>,
+    segments: Slab<Segment>,
+    pools: Vec<Pool>,
+    tensors: HandleTable,
+    policies: PolicySet,
+    stats: Stats,
+    clock: u64,
+    phase: Option<Phase>,
+    step: u64,
+    recorder: Option<Vec<Action>>,
+}
+
+impl<D: Device> Allocator<D> {
+    /// An allocator over `device` driven by `policies`.
+    pub fn new(device: D, policies: Policies) -> Self {
+        let mut a = Allocator {
+            device,
+            blocks: Slab::default(),
+            segments: Slab::default(),
+            pools: Vec::new(),
+            tensors: HandleTable::default(),
+            policies: PolicySet::new(policies.placement, policies.reclamation, policies.eviction),
+            stats: Stats::default(),
+            clock: 0,
+            phase: None,
+            step: 0,
+            recorder: None,
+        };
+        let default_pools = PytorchPlacement.pools();
+        a.policies.default_pool_map = a.register_pools(&default_pools);
+        let pools = a.policies.placement.pools();
+        a.policies.pool_map = a.register_pools(&pools);
+        a
+    }
+
+    /// An allocator over `device` with the built-in policy set `name`.
+    pub fn with_builtin(device: D, name: &str) -> Option<Self> {
+        crate::builtin::by_name(name).map(|p| Self::new(device, p))
+    }
+
+    fn register_pools(&mut self, specs: &[crate::decision::PoolSpec]) -> Vec<u32> {
+        specs
+            .iter()
+            .map(|s| match self.pools.iter().position(|p| p.name == s.name) {
+                Some(i) => {
+                    self.pools[i].release_when_empty = s.release_when_empty;
+                    i as u32
+                }
+                None => {
+                    self.pools.push(Pool::new(&s.name, s.release_when_empty));
+                    (self.pools.len() - 1) as u32
+                }
+            })
+            .collect()
+    }
+
+    /// Replaces the placement policy (between two decisions). Its pools are
+    /// matched to existing pools by name; new names become new pools.
+    pub fn set_placement(&mut self, p: Box<dyn PlacementPolicy>) {
+        let pools = p.pools();
+        self.policies.set_placement(p);
+        self.policies.pool_map = self.register_pools(&pools);
+    }
+
+    /// Replaces the reclamation policy.
+    pub fn set_reclamation(&mut self, p: Box<dyn ReclamationPolicy>) {
+        self.policies.set_reclamation(p);
+    }
+
+    /// Replaces the eviction policy.
+    pub fn set_eviction(&mut self, p: Box<dyn EvictionPolicy>) {
+        self.policies.set_eviction(p);
+    }
+
+    /// The policies and their health.
+    pub fn policies(&self) -> &PolicySet {
+        &self.policies
+    }
+
+    /// The policies, mutably (e.g. to set the failure threshold).
+    pub fn policies_mut(&mut self) -> &mut PolicySet {
+        &mut self.policies
+    }
+
+    /// The device.
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
+    /// The device, mutably (for backend-specific controls such as sim time).
+    pub fn device_mut(&mut self) -> &mut D {
+        &mut self.device
+    }
+
+    /// Starts or stops recording [`Action`]s.
+    pub fn record_actions(&mut self, on: bool) {
+        self.recorder = if on { Some(self.recorder.take().unwrap_or_default()) } else { None };
+    }
+
+    /// Takes the recorded actions.
+    pub fn take_actions(&mut self) -> Vec<Action> {
+        self.recorder.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    #[inline]
+    fn record(&mut self, kind: ActionKind, addr: DevicePtr, size: u64, stream: StreamId) {
+        if let Some(r) = self.recorder.as_mut() {
+            r.push(Action { kind, addr, size, stream, clock: self.clock });
+        }
+    }
+
+    /// Statistics so far.
+    pub fn stats(&self) -> Stats {
+        let mut s = self.stats.clone();
+        let (calls, traps, fallbacks) = self.policies.totals();
+        s.policy_calls = calls;
+        s.policy_traps = traps;
+        s.policy_fallbacks = fallbacks;
+        s
+    }
+
+    /// Byte gauges of the whole allocator (cheap).
+    pub fn gauges(&self) -> &Gauges {
+        &self.stats.bytes
+    }
+
+    /// The pools (names, gauges, free indices).
+    pub fn pools(&self) -> &[Pool] {
+        &self.pools
+    }
+
+    /// Logical clock: number of operations so far.
+    pub fn clock(&self) -> u64 {
+        self.clock
+    }
+
+    /// Number of live tensors.
+    pub fn live_tensors(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// Handles of all live tensors.
+    pub fn tensor_ids(&self) -> Vec<TensorId> {
+        self.tensors.iter().map(|(id, _)| id).collect()
+    }
+
+    /// The state policies may read.
+    #[inline]
+    pub fn context(&self) -> PolicyContext {
+        let g = &self.stats.bytes;
+        PolicyContext {
+            clock: self.clock,
+            phase: self.phase,
+            step: self.step,
+            live_bytes: g.live_bytes,
+            allocated_bytes: g.allocated_bytes,
+            reserved_bytes: g.reserved_bytes,
+            capacity_bytes: self.device.capacity(),
+        }
+    }
+
+    /// Allocates `bytes` for a tensor of `kind` on `stream`.
+    pub fn alloc(&mut self, bytes: u64, kind: TensorKind, stream: StreamId) -> Result<TensorId, AllocError> {
+        if bytes == 0 {
+            return Err(AllocError::ZeroSize { kind, stream });
+        }
+        if bytes > MAX_ALLOC {
+            return Err(AllocError::TooLarge { bytes });
+        }
+        let req = AllocRequest { bytes, kind, stream };
+        let ctx = self.context();
+        let p = self.policies.place(&req, &ctx);
+        if p.memo_hit {
+            self.stats.policy_memo_hits += 1;
+        }
+        let pool = p.pool as usize;
+        let block = match self.pools[pool].best_fit(stream, p.rounded, p.decision.max_waste) {
+            Some(key) => {
+                self.pools[pool].free.remove(&key);
+                self.stats.cache_hits += 1;
+                key.3
+            }
+            None => self.grow(p.pool, p.segment, &req)?,
+        };
+        self.clock += 1;
+        // Split off the remainder when the decision says so.
+        let b = *self.blocks.get(block);
+        let remainder = b.size - p.rounded;
+        if remainder > 0 && remainder >= p.decision.split_min_remainder {
+            let rest = self.blocks.insert(Block {
+                segment: b.segment,
+                offset: b.offset + p.rounded,
+                size: remainder,
+                prev: block,
+                next: b.next,
+                tensor: NIL,
+            });
+            if b.next != NIL {
+                self.blocks.get_mut(b.next).prev = rest;
+            }
+            let blk = self.blocks.get_mut(block);
+            blk.next = rest;
+            blk.size = p.rounded;
+            let seg = self.segments.get(b.segment);
+            let key = (seg.stream, remainder, seg.base + b.offset + p.rounded, rest);
+            self.pools[pool].free.insert(key);
+        }
+        let size = self.blocks.get(block).size;
+        let id = self.tensors.insert(Tensor {
+            block,
+            bytes,
+            kind,
+            stream,
+            last_use: self.clock,
+            use_count: 0,
+            cross_stream: false,
+        });
+        self.blocks.get_mut(block).tensor = id.slot;
+        self.stats.allocs += 1;
+        self.stats.bytes.add_live(bytes, size);
+        self.pools[pool].gauges.add_live(bytes, size);
+        if self.recorder.is_some() {
+            let addr = self.segments.get(b.segment).base + b.offset;
+            self.record(ActionKind::Alloc, addr, bytes, stream);
+        }
+        Ok(id)
+    }
+
+    /// Obtains a new segment for `req` in `pool`; returns its single block,
+    /// which is not in the free index.
+    fn grow(&mut self, pool: u32, segment_bytes: u64, req: &AllocRequest) -> Result<u32, AllocError> {
+        let base = match self.device.alloc_segment(segment_bytes) {
+            Ok(b) => b,
+            Err(DeviceError::OutOfMemory { .. }) => {
+                let hopeless = self
+                    .device
+                    .available()
+                    .is_some_and(|avail| avail.saturating_add(self.releasable_bytes(None)) < segment_bytes);
+                if !hopeless {
+                    let trigger = ReclaimTrigger::AllocFailed { request: *req, segment_bytes };
+                    self.run_reclaim(&trigger)?;
+                }
+                match (hopeless, self.device.alloc_segment(segment_bytes)) {
+                    (false, Ok(b)) => b,
+                    (_, Err(DeviceError::OutOfMemory { .. })) | (true, _) => {
+                        self.stats.ooms += 1;
+                        return Err(AllocError::OutOfMemory {
+                            bytes: req.bytes,
+                            kind: req.kind,
+                            stream: req.stream,
+                            segment_bytes,
+                            reserved: self.stats.bytes.reserved_bytes,
+                            live: self.stats.bytes.live_bytes,
+                            capacity: self.device.capacity(),
+                        });
+                    }
+                    (false, Err(e)) => return Err(e.into()),
+                }
+            }
+            Err(e) => return Err(e.into()),
+        };
+        self.stats.device_alloc_calls += 1;
+        let seg = self.segments.insert(Segment {
+            base,
+            size: segment_bytes,
+            pool,
+            stream: req.stream,
+            first: NIL,
+            born: self.clock,
+        });
+        let block = self.blocks.insert(Block {
+            segment: seg,
+            offset: 0,
+            size: segment_bytes,
+            prev: NIL,
+            next: NIL,
+            tensor: NIL,
+        });
+        self.segments.get_mut(seg).first = block;
+        self.stats.bytes.add_reserved(segment_bytes);
+        self.pools[pool as usize].gauges.add_reserved(segment_bytes);
+        self.record(ActionKind::SegmentAlloc, base, segment_bytes, req.stream);
+        Ok(block)
+    }
+
+    /// Frees a tensor: its block returns to its pool, merged with free neighbours.
+    pub fn free(&mut self, id: TensorId) -> Result<(), AllocError> {
+        let t = self.tensors.remove(id).ok_or(AllocError::UnknownTensor(id))?;
+        self.clock += 1;
+        let mut blk = t.block;
+        let b = self.blocks.get_mut(blk);
+        b.tensor = NIL;
+        let seg_idx = b.segment;
+        let size = b.size;
+        let seg = *self.segments.get(seg_idx);
+        let pool = seg.pool as usize;
+        self.stats.frees += 1;
+        self.stats.bytes.sub_live(t.bytes, size);
+        self.pools[pool].gauges.sub_live(t.bytes, size);
+        if self.recorder.is_some() {
+            let addr = seg.base + self.blocks.get(blk).offset;
+            self.record(ActionKind::Free, addr, t.bytes, seg.stream);
+        }
+        // Merge with the previous block.
+        let prev = self.blocks.get(blk).prev;
+        if prev != NIL && self.blocks.get(prev).is_free() {
+            let p = *self.blocks.get(prev);
+            self.pools[pool].free.remove(&(seg.stream, p.size, seg.base + p.offset, prev));
+            let cur = self.blocks.remove(blk);
+            let pm = self.blocks.get_mut(prev);
+            pm.size += cur.size;
+            pm.next = cur.next;
+            if cur.next != NIL {
+                self.blocks.get_mut(cur.next).prev = prev;
+            }
+            blk = prev;
+        }
+        // Merge with the next block.
+        let next = self.blocks.get(blk).next;
+        if next != NIL && self.blocks.get(next).is_free() {
+            let n = self.blocks.remove(next);
+            self.pools[pool].free.remove(&(seg.stream, n.size, seg.base + n.offset, next));
+            let cm = self.blocks.get_mut(blk);
+            cm.size += n.size;
+            cm.next = n.next;
+            if n.next != NIL {
+                self.blocks.get_mut(n.next).prev = blk;
+            }
+        }
+        let b = *self.blocks.get(blk);
+        if self.pools[pool].release_when_empty && b.size == seg.size {
+            self.release_segment(seg_idx)?;
+        } else {
+            self.pools[pool].free.insert((seg.stream, b.size, seg.base + b.offset, blk));
+        }
+        Ok(())
+    }
+
+    /// Records a use of a tensor on `stream` (default: its own stream).
+    pub fn use_tensor(&mut self, id: TensorId, stream: Option<StreamId>) -> Result<(), AllocError> {
+        let clock = self.clock + 1;
+        let t = self.tensors.get_mut(id).ok_or(AllocError::UnknownTensor(id))?;
+        t.last_use = clock;
+        t.use_count += 1;
+        if stream.is_some_and(|s| s != t.stream) {
+            t.cross_stream = true;
+        }
+        self.clock = clock;
+        self.stats.uses += 1;
+        Ok(())
+    }
+
+    /// Marks a training phase; the reclamation policy is consulted.
+    pub fn phase(&mut self, phase: Phase, step: u64) -> Result<(), AllocError> {
+        self.phase = Some(phase);
+        self.step = step;
+        self.run_reclaim(&ReclaimTrigger::Phase { phase, step })
+    }
+
+    fn run_reclaim(&mut self, trigger: &ReclaimTrigger) -> Result<(), AllocError> {
+        let ctx = self.context();
+        let pools = &self.pools;
+        let (d, _) = self.policies.reclaim(trigger, &ctx, |name| pools.iter().any(|p| p.name == name));
+        if d.release_bytes > 0 {
+            self.release_cached(&d)?;
+        }
+        Ok(())
+    }
+
+    fn pool_selected(&self, pool: u32, names: Option<&[String]>) -> bool {
+        names.is_none_or(|n| n.iter().any(|x| *x == self.pools[pool as usize].name))
+    }
+
+    /// Segments that are entirely free, in the given pools (all when `None`).
+    fn free_segments(&self, names: Option<&[String]>) -> Vec<u32> {
+        self.segments
+            .iter()
+            .filter(|(_, s)| {
+                let b = self.blocks.get(s.first);
+                b.is_free() && b.size == s.size && self.pool_selected(s.pool, names)
+            })
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    fn releasable_bytes(&self, names: Option<&[String]>) -> u64 {
+        self.free_segments(names).iter().map(|&s| self.segments.get(s).size).sum()
+    }
+
+    /// Releases entirely free cached segments, largest first, until
+    /// `decision.release_bytes` are released. Returns the bytes released.
+    pub fn release_cached(&mut self, decision: &ReclaimDecision) -> Result<u64, AllocError> {
+        let mut segs = self.free_segments(decision.pools.as_deref());
+        segs.sort_by_key(|&s| (std::cmp::Reverse(self.segments.get(s).size), self.segments.get(s).base));
+        let mut released = 0u64;
+        for s in segs {
+            if released >= decision.release_bytes {
+                break;
+            }
+            let size = self.segments.get(s).size;
+            let seg = *self.segments.get(s);
+            let b = *self.blocks.get(seg.first);
+            self.pools[seg.pool as usize].free.remove(&(seg.stream, b.size, seg.base, seg.first));
+            self.release_segment(s)?;
+            released += size;
+        }
+        self.stats.reclaimed_bytes += released;
+        Ok(released)
+    }
+
+    /// Releases a segment whose single free block is not in the free index.
+    fn release_segment(&mut self, seg_idx: u32) -> Result<(), AllocError> {
+        let seg = *self.segments.get(seg_idx);
+        self.device.free_segment(seg.base)?;
+        self.blocks.remove(seg.first);
+        self.segments.remove(seg_idx);
+        self.stats.device_free_calls += 1;
+        // cudaFree synchronizes the device.
+        self.stats.device_syncs += 1;
+        self.stats.bytes.sub_reserved(seg.size);
+        self.pools[seg.pool as usize].gauges.sub_reserved(seg.size);
+        self.record(ActionKind::SegmentFree, seg.base, seg.size, seg.stream);
+        Ok(())
+    }
+
+    /// A view of a live tensor.
+    pub fn tensor(&self, id: TensorId) -> Option<TensorInfo> {
+        let t = self.tensors.get(id)?;
+        let b = self.blocks.get(t.block);
+        let s = self.segments.get(b.segment);
+        Some(TensorInfo {
+            bytes: t.bytes,
+            kind: t.kind,
+            stream: t.stream,
+            address: s.base + b.offset,
+            block_bytes: b.size,
+            pool: s.pool,
+        })
+    }
+
+    /// The handle-table entry of a live tensor.
+    pub fn tensor_entry(&self, id: TensorId) -> Option<&Tensor> {
+        self.tensors.get(id)
+    }
+
+    /// The current device address of a tensor (valid until the next allocator call).
+    pub fn address(&self, id: TensorId) -> Result<DevicePtr, AllocError> {
+        self.tensor(id).map(|t| t.address).ok_or(AllocError::UnknownTensor(id))
+    }
+
+    fn bounds(&self, id: TensorId, offset: u64, len: usize) -> Result<DevicePtr, AllocError> {
+        let t = self.tensor(id).ok_or(AllocError::UnknownTensor(id))?;
+        let len = len as u64;
+        if offset.checked_add(len).is_none_or(|end| end > t.bytes) {
+            return Err(AllocError::OutOfBounds { id, offset, len, bytes: t.bytes });
+        }
+        Ok(t.address + offset)
+    }
+
+    /// Writes `data` into a tensor at `offset` (host-backed devices only).
+    pub fn write(&mut self, id: TensorId, offset: u64, data: &[u8]) -> Result<(), AllocError> {
+        let addr = self.bounds(id, offset, data.len())?;
+        Ok(self.device.write(addr, data)?)
+    }
+
+    /// Reads a tensor's bytes at `offset` into `out` (host-backed devices only).
+    pub fn read(&mut self, id: TensorId, offset: u64, out: &mut [u8]) -> Result<(), AllocError> {
+        let addr = self.bounds(id, offset, out.len())?;
+        Ok(self.device.read(addr, out)?)
+    }
+
+    /// Segments and their blocks, ordered by address.
+    pub fn segment_views(&self) -> Vec<SegmentView> {
+        let mut v: Vec<SegmentView> = self
+            .segments
+            .iter()
+            .map(|(_, s)| {
+                let mut blocks = Vec::new();
+                let mut b = s.first;
+                while b != NIL {
+                    let blk = self.blocks.get(b);
+                    let req = self.tensors.by_slot(blk.tensor).map(|(_, t)| t.bytes);
+                    blocks.push((blk.offset, blk.size, if blk.is_free() { None } else { req }));
+                    b = blk.next;
+                }
+                SegmentView {
+                    base: s.base,
+                    size: s.size,
+                    pool: self.pools[s.pool as usize].name.clone(),
+                    stream: s.stream,
+                    blocks,
+                }
+            })
+            .collect();
+        v.sort_by_key(|s| s.base);
+        v
+    }
+
+    /// Live device tensors as eviction candidates.
+    pub fn eviction_candidates(&self) -> Vec<EvictionCandidate> {
+        self.tensors
+            .iter()
+            .map(|(id, t)| EvictionCandidate {
+                id,
+                bytes: t.bytes,
+                kind: t.kind,
+                tier: Tier::Device,
+                last_use: t.last_use,
+                use_count: t.use_count,
+                in_use: false,
+                pinned: false,
+            })
+            .collect()
+    }
+
+    /// Asks the eviction policy for victims covering `need_bytes` (validated,
+    /// completed by LRU when short).
+    pub fn choose_victims(&mut self, need_bytes: u64) -> Vec<TensorId> {
+        let c = self.eviction_candidates();
+        let ctx = self.context();
+        self.policies.choose_victims(need_bytes, &c, &ctx)
+    }
+}

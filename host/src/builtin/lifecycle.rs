@@ -1,0 +1,109 @@
+//! Lifecycle-aware placement: tensors of different expected lifetimes never
+//! share a segment.
+//!
+//! Classes: *persistent* (parameters, optimizer states: allocated once, live
+//! for the run), *per-step* (gradients: born in backward, dead after the
+//! optimizer step), *transient* (activations and temporaries). Small requests
+//! (≤ 1 MiB) of each class share 2 MiB segments of their own class pool.
+//!
+//! Segment sizing per class:
+//! - persistent and per-step blocks are never freed out of order within a
+//!   step, so they are packed tightly: every block splits, segments grow in
+//!   large chunks and only the tail of the last segment is slack;
+//! - transient blocks churn, so segments are sized to the request (rounded to
+//!   2 MiB) and a block is split only when a large remainder would be left.
+
+use crate::decision::{AllocRequest, PlacementDecision, PlacementPolicy, PolicyContext, PolicyError, PoolSpec};
+use crate::types::{TensorKind, MIB};
+
+/// Lifetime class of a tensor kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LifecycleClass {
+    /// Parameters and optimizer states.
+    Persistent,
+    /// Gradients.
+    PerStep,
+    /// Activations, temporaries, everything else.
+    Transient,
+}
+
+impl LifecycleClass {
+    /// The class of `kind`.
+    pub fn of(kind: TensorKind) -> Self {
+        match kind {
+            TensorKind::Param | TensorKind::Optim => LifecycleClass::Persistent,
+            TensorKind::Grad => LifecycleClass::PerStep,
+            TensorKind::Activation | TensorKind::Temp | TensorKind::Other => LifecycleClass::Transient,
+        }
+    }
+}
+
+/// Lifecycle-aware placement.
+#[derive(Debug, Clone, Copy)]
+pub struct LifecyclePlacement {
+    /// Growth chunk of the persistent and per-step pools.
+    pub packed_chunk: u64,
+}
+
+impl Default for LifecyclePlacement {
+    fn default() -> Self {
+        LifecyclePlacement { packed_chunk: 20 * MIB }
+    }
+}
+
+const POOLS: [&str; 6] = ["persistent.small", "persistent", "step.small", "step", "transient.small", "transient"];
+
+impl PlacementPolicy for LifecyclePlacement {
+    fn name(&self) -> &str {
+        "lifecycle"
+    }
+
+    fn pools(&self) -> Vec<PoolSpec> {
+        POOLS.iter().map(|n| PoolSpec::caching(n)).collect()
+    }
+
+    fn place(&mut self, req: &AllocRequest, _ctx: &PolicyContext) -> Result<PlacementDecision, PolicyError> {
+        let class = LifecycleClass::of(req.kind);
+        let small = req.bytes <= MIB;
+        let base = match class {
+            LifecycleClass::Persistent => 0,
+            LifecycleClass::PerStep => 2,
+            LifecycleClass::Transient => 4,
+        };
+        let pool = base + if small { 0 } else { 1 };
+        let mut d = if small {
+            PlacementDecision {
+                pool,
+                round_to: 512,
+                segment_min: 2 * MIB,
+                segment_round: 2 * MIB,
+                split_min_remainder: 512,
+                max_waste: u64::MAX,
+                cacheable: true,
+            }
+        } else if class == LifecycleClass::Transient {
+            PlacementDecision {
+                pool,
+                round_to: 512,
+                segment_min: 0,
+                segment_round: 2 * MIB,
+                split_min_remainder: MIB + 1,
+                max_waste: u64::MAX,
+                cacheable: true,
+            }
+        } else {
+            PlacementDecision {
+                pool,
+                round_to: 512,
+                segment_min: self.packed_chunk,
+                segment_round: 2 * MIB,
+                split_min_remainder: 512,
+                max_waste: u64::MAX,
+                cacheable: true,
+            }
+        };
+        // The memo keys on log2 size classes: [1 MiB, 2 MiB) straddles the small/large boundary.
+        d.cacheable = !(MIB..2 * MIB).contains(&req.bytes);
+        Ok(d)
+    }
+}

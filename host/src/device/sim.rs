@@ -1,0 +1,536 @@
+//! The simulated device: byte accounting, a cost model, optional host backing.
+//!
+//! Invariants (checked by [`SimDevice::check_invariants`]):
+//! - `used = Σ segment sizes + Σ physical page sizes ≤ capacity`;
+//! - segments, reservations and mappings never overlap (addresses come from a
+//!   bump pointer and are never reused);
+//! - every mapping lies inside one reservation and refers to one physical
+//!   allocation, which is mapped at most once.
+//!
+//! Time model: a host clock `now_us` advances with the cost of every device
+//! call (and with [`SimDevice::advance`] for workload time); each stream has its
+//! own clock that copies push forward; an event completes once the host clock
+//! passes the stream time at which it was recorded; a synchronization moves the
+//! host clock to the latest stream clock.
+
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
+
+use super::{Device, DeviceCounters, DeviceError, DevicePtr, EventId, PhysHandle};
+use crate::types::{round_up, StreamId, GIB, MIB};
+
+/// Costs charged by the simulated device.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SimCost {
+    /// Microseconds per segment allocation (cudaMalloc).
+    pub alloc_us: f64,
+    /// Microseconds per segment release (cudaFree), on top of the synchronization it implies.
+    pub free_us: f64,
+    /// Microseconds per device-wide synchronization.
+    pub sync_us: f64,
+    /// Microseconds per physical page creation, mapping or unmapping.
+    pub map_us: f64,
+    /// Device-to-device copy bandwidth in GB/s (10⁹ bytes per second).
+    pub copy_gbps: f64,
+}
+
+impl Default for SimCost {
+    /// Figures in the range measured for cudaMalloc / cudaFree / cuMemMap on
+    /// current data-centre GPUs.
+    fn default() -> Self {
+        SimCost { alloc_us: 40.0, free_us: 30.0, sync_us: 10.0, map_us: 5.0, copy_gbps: 1500.0 }
+    }
+}
+
+/// Configuration of a [`SimDevice`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SimConfig {
+    /// Capacity in bytes (default 80 GiB).
+    pub capacity: u64,
+    /// Cost model.
+    pub cost: SimCost,
+    /// Back every byte with host memory so contents can be written and read.
+    pub host_backed: bool,
+    /// Page granularity for the virtual-memory operations (default 2 MiB).
+    pub granularity: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig { capacity: 80 * GIB, cost: SimCost::default(), host_backed: false, granularity: 2 * MIB }
+    }
+}
+
+#[derive(Debug)]
+struct Range {
+    size: u64,
+    backing: Option<Vec<u8>>,
+}
+
+#[derive(Debug)]
+struct Phys {
+    size: u64,
+    backing: Option<Vec<u8>>,
+    mapped_at: Option<DevicePtr>,
+}
+
+/// The simulated device.
+#[derive(Debug)]
+pub struct SimDevice {
+    cfg: SimConfig,
+    next_va: DevicePtr,
+    segments: BTreeMap<DevicePtr, Range>,
+    reservations: BTreeMap<DevicePtr, u64>,
+    physical: FxHashMap<u64, Phys>,
+    next_phys: u64,
+    /// Mapping start → (physical handle, size).
+    mappings: BTreeMap<DevicePtr, (PhysHandle, u64)>,
+    stream_clock_us: FxHashMap<StreamId, f64>,
+    events: FxHashMap<u64, f64>,
+    next_event: u64,
+    now_us: f64,
+    counters: DeviceCounters,
+}
+
+/// Base of the simulated address space (keeps 0 and small values invalid).
+const VA_BASE: DevicePtr = 0x7f00_0000_0000;
+
+impl SimDevice {
+    /// A device with the given configuration.
+    pub fn new(cfg: SimConfig) -> Self {
+        let granularity = if cfg.granularity.is_power_of_two() { cfg.granularity } else { 2 * MIB };
+        SimDevice {
+            cfg: SimConfig { granularity, ..cfg },
+            next_va: VA_BASE,
+            segments: BTreeMap::new(),
+            reservations: BTreeMap::new(),
+            physical: FxHashMap::default(),
+            next_phys: 1,
+            mappings: BTreeMap::new(),
+            stream_clock_us: FxHashMap::default(),
+            events: FxHashMap::default(),
+            next_event: 1,
+            now_us: 0.0,
+            counters: DeviceCounters::default(),
+        }
+    }
+
+    /// A device of `capacity` bytes with default costs.
+    pub fn with_capacity(capacity: u64) -> Self {
+        Self::new(SimConfig { capacity, ..SimConfig::default() })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SimConfig {
+        &self.cfg
+    }
+
+    /// Simulated host time so far, microseconds.
+    pub fn now_us(&self) -> f64 {
+        self.now_us
+    }
+
+    /// Advances the host clock by `us` (workload time between device calls).
+    pub fn advance(&mut self, us: f64) {
+        if us.is_finite() && us > 0.0 {
+            self.now_us += us;
+        }
+    }
+
+    fn charge(&mut self, us: f64) {
+        self.now_us += us;
+        self.counters.time_us += us;
+    }
+
+    fn take_va(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
+        let g = self.cfg.granularity;
+        let span = round_up(bytes, g).ok_or_else(|| DeviceError::Invalid(format!("size {bytes} overflows")))?;
+        let va = self.next_va;
+        // One granule of guard space between ranges.
+        self.next_va = va
+            .checked_add(span)
+            .and_then(|v| v.checked_add(g))
+            .ok_or_else(|| DeviceError::Invalid("simulated address space exhausted".into()))?;
+        Ok(va)
+    }
+
+    fn reserve_bytes(&mut self, bytes: u64) -> Result<(), DeviceError> {
+        let used = self.counters.used_bytes;
+        if bytes > self.cfg.capacity.saturating_sub(used) {
+            return Err(DeviceError::OutOfMemory {
+                requested: bytes,
+                available: self.cfg.capacity.saturating_sub(used),
+                capacity: self.cfg.capacity,
+            });
+        }
+        self.counters.used_bytes += bytes;
+        Ok(())
+    }
+
+    fn backing(&self, size: u64) -> Result<Option<Vec<u8>>, DeviceError> {
+        if !self.cfg.host_backed {
+            return Ok(None);
+        }
+        let len = usize::try_from(size).map_err(|_| DeviceError::Invalid(format!("size {size} too large to back")))?;
+        Ok(Some(vec![0u8; len]))
+    }
+
+    fn sync_all(&mut self) {
+        let latest = self.stream_clock_us.values().copied().fold(self.now_us, f64::max);
+        self.now_us = latest;
+        self.counters.syncs += 1;
+        let c = self.cfg.cost.sync_us;
+        self.charge(c);
+    }
+
+    /// Finds the backing bytes that hold `addr` and how many bytes follow
+    /// contiguously in that backing.
+    fn locate(&mut self, addr: DevicePtr) -> Result<(&mut Vec<u8>, usize, usize), DeviceError> {
+        if !self.cfg.host_backed {
+            return Err(DeviceError::Unsupported("reading and writing contents", "sim (without host backing)"));
+        }
+        let in_segment = self
+            .segments
+            .range(..=addr)
+            .next_back()
+            .filter(|(&base, r)| addr < base + r.size)
+            .map(|(&base, r)| (base, r.size));
+        if let Some((base, size)) = in_segment {
+            let b = self.segments.get_mut(&base).and_then(|r| r.backing.as_mut()).expect("host-backed segment");
+            return Ok((b, (addr - base) as usize, (size - (addr - base)) as usize));
+        }
+        let in_mapping = self
+            .mappings
+            .range(..=addr)
+            .next_back()
+            .filter(|(&base, &(_, size))| addr < base + size)
+            .map(|(&base, &(phys, size))| (base, phys, size));
+        if let Some((base, phys, size)) = in_mapping {
+            let b = self
+                .physical
+                .get_mut(&phys.0)
+                .and_then(|p| p.backing.as_mut())
+                .expect("host-backed physical allocation");
+            return Ok((b, (addr - base) as usize, (size - (addr - base)) as usize));
+        }
+        Err(DeviceError::Invalid(format!("address {addr:#x} is not in a segment or a mapping")))
+    }
+
+    /// Checks the module's invariants; returns a description of the first violation.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let seg: u64 = self.segments.values().map(|r| r.size).sum();
+        let phys: u64 = self.physical.values().map(|p| p.size).sum();
+        if seg + phys != self.counters.used_bytes {
+            return Err(format!("used {} != segments {seg} + physical {phys}", self.counters.used_bytes));
+        }
+        if self.counters.used_bytes > self.cfg.capacity {
+            return Err("used exceeds capacity".into());
+        }
+        for (&va, &(ph, size)) in &self.mappings {
+            let (&rbase, &rsize) = self
+                .reservations
+                .range(..=va)
+                .next_back()
+                .ok_or_else(|| format!("mapping {va:#x} outside any reservation"))?;
+            if va + size > rbase + rsize {
+                return Err(format!("mapping {va:#x} overruns its reservation"));
+            }
+            match self.physical.get(&ph.0) {
+                Some(p) if p.mapped_at == Some(va) && p.size == size => {}
+                _ => return Err(format!("mapping {va:#x} refers to a bad physical allocation")),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Device for SimDevice {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    fn capacity(&self) -> u64 {
+        self.cfg.capacity
+    }
+
+    fn available(&self) -> Option<u64> {
+        Some(self.cfg.capacity.saturating_sub(self.counters.used_bytes))
+    }
+
+    fn counters(&self) -> DeviceCounters {
+        self.counters
+    }
+
+    fn alloc_segment(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
+        if bytes == 0 {
+            return Err(DeviceError::Invalid("zero-byte segment".into()));
+        }
+        self.reserve_bytes(bytes)?;
+        let backing = match self.backing(bytes) {
+            Ok(b) => b,
+            Err(e) => {
+                self.counters.used_bytes -= bytes;
+                return Err(e);
+            }
+        };
+        let va = match self.take_va(bytes) {
+            Ok(v) => v,
+            Err(e) => {
+                self.counters.used_bytes -= bytes;
+                return Err(e);
+            }
+        };
+        self.segments.insert(va, Range { size: bytes, backing });
+        self.counters.alloc_calls += 1;
+        let c = self.cfg.cost.alloc_us;
+        self.charge(c);
+        Ok(va)
+    }
+
+    fn free_segment(&mut self, ptr: DevicePtr) -> Result<(), DeviceError> {
+        let r = self.segments.remove(&ptr).ok_or_else(|| DeviceError::Invalid(format!("{ptr:#x} is not a segment")))?;
+        self.counters.used_bytes -= r.size;
+        self.counters.free_calls += 1;
+        // cudaFree synchronizes the device.
+        self.sync_all();
+        let c = self.cfg.cost.free_us;
+        self.charge(c);
+        Ok(())
+    }
+
+    fn synchronize(&mut self) -> Result<(), DeviceError> {
+        self.sync_all();
+        Ok(())
+    }
+
+    fn granularity(&self) -> u64 {
+        self.cfg.granularity
+    }
+
+    fn reserve_virtual(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
+        if bytes == 0 || bytes % self.cfg.granularity != 0 {
+            return Err(DeviceError::Invalid(format!(
+                "reservation of {bytes} bytes is not a positive multiple of {}",
+                self.cfg.granularity
+            )));
+        }
+        let va = self.take_va(bytes)?;
+        self.reservations.insert(va, bytes);
+        Ok(va)
+    }
+
+    fn release_virtual(&mut self, va: DevicePtr) -> Result<(), DeviceError> {
+        let size =
+            *self.reservations.get(&va).ok_or_else(|| DeviceError::Invalid(format!("{va:#x} is not a reservation")))?;
+        if self.mappings.range(va..va + size).next().is_some() {
+            return Err(DeviceError::Invalid(format!("reservation {va:#x} still has mappings")));
+        }
+        self.reservations.remove(&va);
+        Ok(())
+    }
+
+    fn create_physical(&mut self, bytes: u64) -> Result<PhysHandle, DeviceError> {
+        if bytes == 0 || bytes % self.cfg.granularity != 0 {
+            return Err(DeviceError::Invalid(format!(
+                "physical allocation of {bytes} bytes is not a positive multiple of {}",
+                self.cfg.granularity
+            )));
+        }
+        self.reserve_bytes(bytes)?;
+        let backing = match self.backing(bytes) {
+            Ok(b) => b,
+            Err(e) => {
+                self.counters.used_bytes -= bytes;
+                return Err(e);
+            }
+        };
+        let h = self.next_phys;
+        self.next_phys += 1;
+        self.physical.insert(h, Phys { size: bytes, backing, mapped_at: None });
+        self.counters.alloc_calls += 1;
+        let c = self.cfg.cost.map_us;
+        self.charge(c);
+        Ok(PhysHandle(h))
+    }
+
+    fn release_physical(&mut self, phys: PhysHandle) -> Result<(), DeviceError> {
+        match self.physical.get(&phys.0) {
+            None => return Err(DeviceError::Invalid(format!("unknown physical handle {}", phys.0))),
+            Some(p) if p.mapped_at.is_some() => {
+                return Err(DeviceError::Invalid(format!("physical handle {} is still mapped", phys.0)))
+            }
+            Some(_) => {}
+        }
+        let p = self.physical.remove(&phys.0).expect("checked above");
+        self.counters.used_bytes -= p.size;
+        self.counters.free_calls += 1;
+        let c = self.cfg.cost.map_us;
+        self.charge(c);
+        Ok(())
+    }
+
+    fn map(&mut self, va: DevicePtr, phys: PhysHandle) -> Result<(), DeviceError> {
+        let size = match self.physical.get(&phys.0) {
+            None => return Err(DeviceError::Invalid(format!("unknown physical handle {}", phys.0))),
+            Some(p) if p.mapped_at.is_some() => {
+                return Err(DeviceError::Invalid(format!("physical handle {} is already mapped", phys.0)))
+            }
+            Some(p) => p.size,
+        };
+        if va % self.cfg.granularity != 0 {
+            return Err(DeviceError::Invalid(format!("{va:#x} is not aligned to the granularity")));
+        }
+        let inside = self.reservations.range(..=va).next_back().is_some_and(|(&b, &s)| va + size <= b + s);
+        if !inside {
+            return Err(DeviceError::Invalid(format!("{va:#x}+{size} is not inside a reservation")));
+        }
+        let overlaps_before = self.mappings.range(..va).next_back().is_some_and(|(&b, &(_, s))| b + s > va);
+        let overlaps_after = self.mappings.range(va..va + size).next().is_some();
+        if overlaps_before || overlaps_after {
+            return Err(DeviceError::Invalid(format!("{va:#x}+{size} overlaps an existing mapping")));
+        }
+        self.mappings.insert(va, (phys, size));
+        self.physical.get_mut(&phys.0).expect("checked").mapped_at = Some(va);
+        let c = self.cfg.cost.map_us;
+        self.charge(c);
+        Ok(())
+    }
+
+    fn unmap(&mut self, va: DevicePtr) -> Result<(), DeviceError> {
+        let (phys, _) =
+            self.mappings.remove(&va).ok_or_else(|| DeviceError::Invalid(format!("nothing is mapped at {va:#x}")))?;
+        self.physical.get_mut(&phys.0).expect("mapped physical exists").mapped_at = None;
+        let c = self.cfg.cost.map_us;
+        self.charge(c);
+        Ok(())
+    }
+
+    fn record_event(&mut self, stream: StreamId) -> Result<EventId, DeviceError> {
+        let t = self.stream_clock_us.get(&stream).copied().unwrap_or(0.0).max(self.now_us);
+        let id = self.next_event;
+        self.next_event += 1;
+        self.events.insert(id, t);
+        Ok(EventId(id))
+    }
+
+    fn event_done(&mut self, event: EventId) -> Result<bool, DeviceError> {
+        let t = self.events.get(&event.0).ok_or_else(|| DeviceError::Invalid(format!("unknown event {}", event.0)))?;
+        Ok(self.now_us >= *t)
+    }
+
+    fn destroy_event(&mut self, event: EventId) -> Result<(), DeviceError> {
+        self.events
+            .remove(&event.0)
+            .map(|_| ())
+            .ok_or_else(|| DeviceError::Invalid(format!("unknown event {}", event.0)))
+    }
+
+    fn copy(&mut self, dst: DevicePtr, src: DevicePtr, bytes: u64, stream: StreamId) -> Result<(), DeviceError> {
+        if self.cfg.host_backed && bytes > 0 {
+            // Chunked through a bounce buffer so stitched (non-contiguous) ranges work.
+            let mut buf = vec![0u8; bytes.min(16 * MIB) as usize];
+            let mut done = 0u64;
+            while done < bytes {
+                let n = (bytes - done).min(buf.len() as u64) as usize;
+                self.read(src + done, &mut buf[..n])?;
+                self.write(dst + done, &buf[..n])?;
+                done += n as u64;
+            }
+        }
+        let secs = bytes as f64 / (self.cfg.cost.copy_gbps * 1e9);
+        let clock = self.stream_clock_us.entry(stream).or_insert(0.0);
+        *clock = clock.max(self.now_us) + secs * 1e6;
+        self.counters.copied_bytes += bytes;
+        Ok(())
+    }
+
+    fn write(&mut self, dst: DevicePtr, data: &[u8]) -> Result<(), DeviceError> {
+        let mut done = 0usize;
+        while done < data.len() {
+            let (buf, off, avail) = self.locate(dst + done as u64)?;
+            let n = avail.min(data.len() - done);
+            buf[off..off + n].copy_from_slice(&data[done..done + n]);
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn read(&mut self, src: DevicePtr, out: &mut [u8]) -> Result<(), DeviceError> {
+        let mut done = 0usize;
+        while done < out.len() {
+            let (buf, off, avail) = self.locate(src + done as u64)?;
+            let n = avail.min(out.len() - done);
+            out[done..done + n].copy_from_slice(&buf[off..off + n]);
+            done += n;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small(host_backed: bool) -> SimDevice {
+        SimDevice::new(SimConfig { capacity: 16 * MIB, host_backed, ..SimConfig::default() })
+    }
+
+    #[test]
+    fn accounts_segments() {
+        let mut d = small(false);
+        let a = d.alloc_segment(4 * MIB).unwrap();
+        let b = d.alloc_segment(12 * MIB).unwrap();
+        assert!(matches!(d.alloc_segment(1), Err(DeviceError::OutOfMemory { .. })));
+        assert_eq!(d.available(), Some(0));
+        d.free_segment(a).unwrap();
+        assert!(d.free_segment(a).is_err());
+        d.free_segment(b).unwrap();
+        let c = d.counters();
+        assert_eq!((c.alloc_calls, c.free_calls, c.syncs, c.used_bytes), (2, 2, 2, 0));
+        assert!(c.time_us > 0.0);
+        d.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn stitched_pages_hold_contents() {
+        let mut d = small(true);
+        let va = d.reserve_virtual(4 * MIB).unwrap();
+        let p1 = d.create_physical(2 * MIB).unwrap();
+        let p2 = d.create_physical(2 * MIB).unwrap();
+        d.map(va + 2 * MIB, p1).unwrap();
+        d.map(va, p2).unwrap();
+        assert!(d.map(va, p1).is_err());
+        let data: Vec<u8> = (0..(3 * MIB as usize)).map(|i| (i % 251) as u8).collect();
+        d.write(va + MIB, &data).unwrap();
+        let mut back = vec![0u8; data.len()];
+        d.read(va + MIB, &mut back).unwrap();
+        assert_eq!(back, data);
+        d.check_invariants().unwrap();
+        assert!(d.release_virtual(va).is_err());
+        assert!(d.release_physical(p1).is_err());
+        d.unmap(va).unwrap();
+        d.unmap(va + 2 * MIB).unwrap();
+        d.release_physical(p1).unwrap();
+        d.release_physical(p2).unwrap();
+        d.release_virtual(va).unwrap();
+        assert_eq!(d.counters().used_bytes, 0);
+    }
+
+    #[test]
+    fn copies_and_events() {
+        let mut d = small(true);
+        let a = d.alloc_segment(MIB).unwrap();
+        let b = d.alloc_segment(MIB).unwrap();
+        d.write(a, b"hello").unwrap();
+        d.copy(b, a, 5, StreamId(1)).unwrap();
+        let ev = d.record_event(StreamId(1)).unwrap();
+        assert!(!d.event_done(ev).unwrap());
+        d.synchronize().unwrap();
+        assert!(d.event_done(ev).unwrap());
+        let mut out = [0u8; 5];
+        d.read(b, &mut out).unwrap();
+        assert_eq!(&out, b"hello");
+        assert!(d.read(a - 1, &mut out).is_err());
+    }
+}
