@@ -27,4 +27,5 @@
 #![warn(missing_docs)]
 
 pub mod decision;
+pub mod trace;
 pub mod types;
