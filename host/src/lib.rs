@@ -30,4 +30,6 @@ pub mod alloc;
 pub mod builtin;
 pub mod decision;
 pub mod device;
+pub mod replay;
+pub mod trace;
 pub mod types;

@@ -1,0 +1,244 @@
+//! Replays an event stream through an allocator and reports the metrics of
+//! DESIGN.md (a contract: `wasmem replay --json` prints these keys).
+//!
+//! The replay knows nothing of the CLI: it takes events and policies, and
+//! returns a [`Metrics`] value.
+
+use std::time::Instant;
+
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+
+use crate::alloc::{AllocError, Allocator, Stats};
+use crate::builtin::Policies;
+use crate::device::sim::{SimConfig, SimDevice};
+use crate::device::Device;
+use crate::trace::Event;
+use crate::types::{StreamId, TensorId, GIB};
+
+/// Configuration of a replay.
+#[derive(Debug, Clone)]
+pub struct ReplayConfig {
+    /// The simulated device.
+    pub device: SimConfig,
+    /// Record `(event index, allocated, reserved)` every this many events for plots (0: never).
+    pub sample_every: u64,
+    /// Record allocator actions (for snapshot export).
+    pub record_actions: bool,
+}
+
+impl Default for ReplayConfig {
+    fn default() -> Self {
+        ReplayConfig { device: SimConfig { capacity: 80 * GIB, ..SimConfig::default() }, sample_every: 0, record_actions: false }
+    }
+}
+
+/// The metrics of one replay. Field names are the contract keys.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Metrics {
+    /// Events replayed.
+    pub events: u64,
+    /// `alloc` events.
+    pub allocs: u64,
+    /// `free` events.
+    pub frees: u64,
+    /// Max over time of the requested bytes of live tensors (policy-independent).
+    pub peak_live_bytes: u64,
+    /// Max over time of bytes in blocks handed out.
+    pub peak_allocated_bytes: u64,
+    /// Max over time of bytes obtained from the device.
+    pub peak_reserved_bytes: u64,
+    /// `peak_reserved_bytes / peak_live_bytes`.
+    pub overhead_ratio: f64,
+    /// Segment allocations.
+    pub device_alloc_calls: u64,
+    /// Segment releases.
+    pub device_free_calls: u64,
+    /// Operations that would synchronize the device.
+    pub device_syncs: u64,
+    /// Requests that failed after every remedy.
+    pub ooms: u64,
+    /// Bytes moved off the device.
+    pub evicted_bytes: u64,
+    /// Bytes brought back ahead of use.
+    pub prefetched_bytes: u64,
+    /// Bytes copied by defragmentation.
+    pub moved_bytes: u64,
+    /// Calls into policies.
+    pub policy_calls: u64,
+    /// Policy calls that trapped or hit a limit.
+    pub policy_traps: u64,
+    /// Calls decided by the built-in default.
+    pub policy_fallbacks: u64,
+    /// Replay time on this machine.
+    pub wall_seconds: f64,
+    /// Replay speed on this machine.
+    pub events_per_second: f64,
+    /// `use` events.
+    pub uses: u64,
+    /// Allocations served from cached blocks.
+    pub cache_hits: u64,
+    /// Placement decisions served from the memo.
+    pub policy_memo_hits: u64,
+    /// Bytes released by reclamation decisions.
+    pub reclaimed_bytes: u64,
+    /// Zero-byte allocations (tracked, no storage).
+    pub zero_byte_allocs: u64,
+    /// Simulated time spent in device calls, microseconds.
+    pub device_time_us: f64,
+    /// Device capacity used for the replay.
+    pub device_capacity_bytes: u64,
+}
+
+/// A sample of the allocator's gauges over the trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Sample {
+    /// Index of the event after which it was taken.
+    pub event: u64,
+    /// Allocated bytes.
+    pub allocated: u64,
+    /// Reserved bytes.
+    pub reserved: u64,
+}
+
+/// The full result of a replay.
+pub struct Replay<D: Device> {
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Gauge samples (when requested).
+    pub samples: Vec<Sample>,
+    /// The allocator at the end (its recorded actions, segments, stats).
+    pub allocator: Allocator<D>,
+}
+
+/// Why a replay stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The event source failed (malformed trace…).
+    #[error("{0}")]
+    Source(String),
+    /// An event refers to an id that is not live.
+    #[error("event {event}: tensor id {id} is not live")]
+    UnknownId {
+        /// Event index (0-based, header excluded).
+        event: u64,
+        /// Trace id.
+        id: u64,
+    },
+    /// The allocator failed in a way that is not an OOM.
+    #[error("event {event}: {source}")]
+    Alloc {
+        /// Event index.
+        event: u64,
+        /// The error.
+        source: AllocError,
+    },
+}
+
+/// Replays `events` with `policies` on a fresh simulated device.
+pub fn replay<E, I>(events: I, policies: Policies, cfg: &ReplayConfig) -> Result<Replay<SimDevice>, ReplayError>
+where
+    I: IntoIterator<Item = Result<Event, E>>,
+    E: std::fmt::Display,
+{
+    let alloc = Allocator::new(SimDevice::new(cfg.device), policies);
+    replay_with(events, alloc, cfg, |_| {})
+}
+
+/// Replays `events` through an existing allocator; `progress` is called with
+/// the event count every 65,536 events.
+pub fn replay_with<D, E, I>(
+    events: I,
+    mut alloc: Allocator<D>,
+    cfg: &ReplayConfig,
+    mut progress: impl FnMut(u64),
+) -> Result<Replay<D>, ReplayError>
+where
+    D: Device,
+    I: IntoIterator<Item = Result<Event, E>>,
+    E: std::fmt::Display,
+{
+    alloc.record_actions(cfg.record_actions);
+    let start = Instant::now();
+    let mut ids: FxHashMap<u64, (Option<TensorId>, u64)> = FxHashMap::default();
+    let mut m = Metrics::default();
+    let mut live = 0u64;
+    let mut samples = Vec::new();
+    for (n, ev) in events.into_iter().enumerate() {
+        let n = n as u64;
+        let ev = ev.map_err(|e| ReplayError::Source(e.to_string()))?;
+        match ev {
+            Event::Alloc { id, bytes, kind, stream, .. } => {
+                m.allocs += 1;
+                live += bytes;
+                m.peak_live_bytes = m.peak_live_bytes.max(live);
+                let handle = if bytes == 0 {
+                    m.zero_byte_allocs += 1;
+                    None
+                } else {
+                    match alloc.alloc(bytes, kind, StreamId(stream)) {
+                        Ok(h) => Some(h),
+                        Err(AllocError::OutOfMemory { .. }) => None,
+                        Err(e) => return Err(ReplayError::Alloc { event: n, source: e }),
+                    }
+                };
+                ids.insert(id, (handle, bytes));
+            }
+            Event::Free { id, .. } => {
+                m.frees += 1;
+                let (h, bytes) = ids.remove(&id).ok_or(ReplayError::UnknownId { event: n, id })?;
+                live -= bytes;
+                if let Some(h) = h {
+                    alloc.free(h).map_err(|e| ReplayError::Alloc { event: n, source: e })?;
+                }
+            }
+            Event::Use { id, stream } => {
+                let &(h, _) = ids.get(&id).ok_or(ReplayError::UnknownId { event: n, id })?;
+                if let Some(h) = h {
+                    alloc
+                        .use_tensor(h, stream.map(StreamId))
+                        .map_err(|e| ReplayError::Alloc { event: n, source: e })?;
+                }
+            }
+            Event::Phase { phase, step } => {
+                alloc.phase(phase, step).map_err(|e| ReplayError::Alloc { event: n, source: e })?;
+            }
+        }
+        m.events += 1;
+        if cfg.sample_every > 0 && n % cfg.sample_every == 0 {
+            let g = alloc.gauges();
+            samples.push(Sample { event: n, allocated: g.allocated_bytes, reserved: g.reserved_bytes });
+        }
+        if n & 0xffff == 0xffff {
+            progress(n + 1);
+        }
+    }
+    let wall = start.elapsed().as_secs_f64();
+    fill(&mut m, &alloc.stats(), alloc.device());
+    m.wall_seconds = wall;
+    m.events_per_second = if wall > 0.0 { m.events as f64 / wall } else { 0.0 };
+    Ok(Replay { metrics: m, samples, allocator: alloc })
+}
+
+fn fill<D: Device>(m: &mut Metrics, s: &Stats, dev: &D) {
+    m.peak_allocated_bytes = s.bytes.peak_allocated_bytes;
+    m.peak_reserved_bytes = s.bytes.peak_reserved_bytes;
+    m.overhead_ratio =
+        if m.peak_live_bytes > 0 { s.bytes.peak_reserved_bytes as f64 / m.peak_live_bytes as f64 } else { 0.0 };
+    m.device_alloc_calls = s.device_alloc_calls;
+    m.device_free_calls = s.device_free_calls;
+    m.device_syncs = s.device_syncs;
+    m.ooms = s.ooms;
+    m.evicted_bytes = s.evicted_bytes;
+    m.prefetched_bytes = s.prefetched_bytes;
+    m.moved_bytes = s.moved_bytes;
+    m.policy_calls = s.policy_calls;
+    m.policy_traps = s.policy_traps;
+    m.policy_fallbacks = s.policy_fallbacks;
+    m.uses = s.uses;
+    m.cache_hits = s.cache_hits;
+    m.policy_memo_hits = s.policy_memo_hits;
+    m.reclaimed_bytes = s.reclaimed_bytes;
+    m.device_time_us = dev.counters().time_us;
+    m.device_capacity_bytes = dev.capacity();
+}

@@ -1,0 +1,2 @@
+//! PyTorch memory snapshots.
+pub mod export;
