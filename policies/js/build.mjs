@@ -1,0 +1,26 @@
+// Builds one JavaScript policy into a component with componentize-js's API
+// (the `jco componentize` command cannot take a --wit folder path).
+//
+//   node build.mjs SOURCE.js WORLD OUT.wasm
+//
+// WASI features are disabled, so the component imports only what its world
+// imports from wasmem:policy (no WASI at all).
+import { writeFile } from 'node:fs/promises';
+import { dirname, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { componentize } from '@bytecodealliance/componentize-js';
+
+const [source, worldName, out] = process.argv.slice(2);
+if (!source || !worldName || !out) {
+  console.error('usage: node build.mjs SOURCE.js WORLD OUT.wasm');
+  process.exit(2);
+}
+const here = dirname(fileURLToPath(import.meta.url));
+const { component } = await componentize({
+  sourcePath: resolve(source),
+  witPath: resolve(here, '../../wit'),
+  worldName,
+  disableFeatures: ['random', 'stdio', 'clocks', 'http', 'fetch-event'],
+});
+await writeFile(out, component);
+console.log(`${out}: ${component.length} bytes`);
