@@ -31,5 +31,6 @@ pub mod builtin;
 pub mod decision;
 pub mod device;
 pub mod replay;
+pub mod report;
 pub mod trace;
 pub mod types;

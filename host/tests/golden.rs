@@ -1,0 +1,108 @@
+//! Golden tests on the shared sample traces (`../shared/traces`), skipped
+//! with a message when the folder is absent.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+
+use wasmem::builtin;
+use wasmem::replay::{replay, Metrics, ReplayConfig};
+use wasmem::trace::TraceReader;
+
+fn traces_dir() -> Option<PathBuf> {
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces");
+    if d.is_dir() {
+        Some(d)
+    } else {
+        eprintln!("skipping: {} not found", d.display());
+        None
+    }
+}
+
+fn traces() -> Vec<PathBuf> {
+    let Some(d) = traces_dir() else { return vec![] };
+    let mut v: Vec<PathBuf> = std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".jsonl.gz"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Independent recount straight from the JSON: (peak live bytes, peak of live
+/// bytes rounded up to 512 per tensor).
+fn recount(path: &PathBuf) -> (u64, u64) {
+    let f = std::fs::File::open(path).unwrap();
+    let r = BufReader::new(flate2::read::GzDecoder::new(f));
+    let mut live = std::collections::HashMap::new();
+    let (mut cur, mut cur_r, mut peak, mut peak_r) = (0u64, 0u64, 0u64, 0u64);
+    for line in r.lines().skip(1) {
+        let v: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
+        match v["op"].as_str().unwrap() {
+            "alloc" => {
+                let b = v["bytes"].as_u64().unwrap();
+                live.insert(v["id"].as_u64().unwrap(), b);
+                cur += b;
+                cur_r += b.div_ceil(512) * 512;
+                peak = peak.max(cur);
+                peak_r = peak_r.max(cur_r);
+            }
+            "free" => {
+                let b = live.remove(&v["id"].as_u64().unwrap()).unwrap();
+                cur -= b;
+                cur_r -= b.div_ceil(512) * 512;
+            }
+            _ => {}
+        }
+    }
+    (peak, peak_r)
+}
+
+fn run(path: &PathBuf, policy: &str) -> Metrics {
+    let r = TraceReader::open(path).unwrap();
+    let rep = replay(r, builtin::by_name(policy).unwrap(), &ReplayConfig::default()).unwrap();
+    rep.allocator.check_invariants().unwrap();
+    rep.metrics
+}
+
+#[test]
+fn peaks_and_policy_ordering() {
+    for t in traces() {
+        let (peak, peak_rounded) = recount(&t);
+        let naive = run(&t, "naive");
+        let pytorch = run(&t, "pytorch");
+        let lifecycle = run(&t, "lifecycle");
+        let name = t.file_name().unwrap().to_string_lossy().to_string();
+        for (p, m) in [("naive", &naive), ("pytorch", &pytorch), ("lifecycle", &lifecycle)] {
+            eprintln!(
+                "{name} {p:>10}: peak live {} reserved {} ratio {:.4} device allocs {} frees {}",
+                m.peak_live_bytes, m.peak_reserved_bytes, m.overhead_ratio, m.device_alloc_calls, m.device_free_calls
+            );
+            assert_eq!(m.peak_live_bytes, peak, "{name}/{p}: peak live differs from the recount");
+            assert_eq!(m.ooms, 0);
+        }
+        assert_eq!(naive.peak_reserved_bytes, peak_rounded, "{name}: naive reserves exactly the rounded live bytes");
+        assert_eq!(naive.device_alloc_calls, naive.allocs);
+        assert!(
+            lifecycle.peak_reserved_bytes <= pytorch.peak_reserved_bytes,
+            "{name}: lifecycle {} > pytorch {}",
+            lifecycle.peak_reserved_bytes,
+            pytorch.peak_reserved_bytes
+        );
+    }
+}
+
+#[test]
+fn replays_are_deterministic() {
+    for t in traces() {
+        for p in builtin::BUILTIN_NAMES {
+            let mut a = run(&t, p);
+            let mut b = run(&t, p);
+            for m in [&mut a, &mut b] {
+                m.wall_seconds = 0.0;
+                m.events_per_second = 0.0;
+            }
+            assert_eq!(a, b, "{p} on {}", t.display());
+        }
+    }
+}
