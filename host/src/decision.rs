@@ -155,6 +155,15 @@ pub enum ReclaimTrigger {
         /// Size of the segment the device refused.
         segment_bytes: u64,
     },
+    /// The pool chosen for `request` has no fitting free block: the engine is
+    /// about to obtain a new segment of `segment_bytes`. Cached memory released
+    /// now keeps the reserved total from growing.
+    Grow {
+        /// The request being served.
+        request: AllocRequest,
+        /// Size of the segment about to be obtained.
+        segment_bytes: u64,
+    },
     /// A phase marker was reached.
     Phase {
         /// The new phase.

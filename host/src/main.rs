@@ -68,7 +68,10 @@ fn trace_name(p: &Path) -> String {
 
 fn run_one(trace: &Path, policy: &str, common: &Common, progress: bool) -> Result<Metrics> {
     let reader = TraceReader::open(trace).with_context(|| format!("cannot read {}", trace.display()))?;
-    let cfg = ReplayConfig { device: SimConfig { capacity: common.device_mem, ..SimConfig::default() }, ..Default::default() };
+    let cfg = ReplayConfig {
+        device: SimConfig { capacity: common.device_mem, ..SimConfig::default() },
+        ..Default::default()
+    };
     let alloc = wasmem::alloc::Allocator::new(wasmem::device::sim::SimDevice::new(cfg.device), policies_for(policy)?);
     let bar = progress.then(|| {
         let b = indicatif::ProgressBar::new_spinner();
@@ -140,9 +143,7 @@ fn run(cli: Cli) -> Result<()> {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("WASMEM_LOG").unwrap_or_else(|_| "warn".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("WASMEM_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
         .init();
     match run(Cli::parse()) {

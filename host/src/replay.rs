@@ -29,7 +29,11 @@ pub struct ReplayConfig {
 
 impl Default for ReplayConfig {
     fn default() -> Self {
-        ReplayConfig { device: SimConfig { capacity: 80 * GIB, ..SimConfig::default() }, sample_every: 0, record_actions: false }
+        ReplayConfig {
+            device: SimConfig { capacity: 80 * GIB, ..SimConfig::default() },
+            sample_every: 0,
+            record_actions: false,
+        }
     }
 }
 
@@ -205,7 +209,7 @@ where
             }
         }
         m.events += 1;
-        if cfg.sample_every > 0 && n % cfg.sample_every == 0 {
+        if cfg.sample_every > 0 && n.is_multiple_of(cfg.sample_every) {
             let g = alloc.gauges();
             samples.push(Sample { event: n, allocated: g.allocated_bytes, reserved: g.reserved_bytes });
         }

@@ -16,8 +16,11 @@ enum Unit {
     Rate,
 }
 
-/// The rows of a table: (key, unit, getter).
-fn rows() -> Vec<(&'static str, Unit, fn(&Metrics) -> f64)> {
+/// One row of a table: key, unit, getter.
+type Row = (&'static str, Unit, fn(&Metrics) -> f64);
+
+/// The rows of a table.
+fn rows() -> Vec<Row> {
     vec![
         ("peak_reserved_bytes", Unit::Bytes, |m| m.peak_reserved_bytes as f64),
         ("peak_allocated_bytes", Unit::Bytes, |m| m.peak_allocated_bytes as f64),

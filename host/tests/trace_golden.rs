@@ -30,16 +30,7 @@ struct Counts {
 
 fn count(path: &std::path::Path) -> Counts {
     let reader = TraceReader::open(path).unwrap();
-    let mut c = Counts {
-        lines: 0,
-        events: 0,
-        allocs: 0,
-        frees: 0,
-        uses: 0,
-        phases: 0,
-        peak_live: 0,
-        total_alloc: 0,
-    };
+    let mut c = Counts { lines: 0, events: 0, allocs: 0, frees: 0, uses: 0, phases: 0, peak_live: 0, total_alloc: 0 };
     let mut live = rustc_hash::FxHashMap::default();
     let mut live_bytes = 0u64;
     let mut reader = reader;
@@ -132,10 +123,7 @@ fn parse_speed() {
         }
     }
     let s = start.elapsed().as_secs_f64();
-    println!(
-        "gpt2_124m.jsonl.gz x{rounds}: {n} events in {s:.3} s = {:.2} M events/s (gzip)",
-        n as f64 / s / 1e6
-    );
+    println!("gpt2_124m.jsonl.gz x{rounds}: {n} events in {s:.3} s = {:.2} M events/s (gzip)", n as f64 / s / 1e6);
 
     // 2. The same events from memory without gzip.
     let mut w = TraceWriter::new(Vec::new(), "mem", &header).unwrap();
@@ -152,10 +140,7 @@ fn parse_speed() {
         }
     }
     let s = start.elapsed().as_secs_f64();
-    println!(
-        "gpt2_124m plain, in memory x{rounds}: {n} events in {s:.3} s = {:.2} M events/s",
-        n as f64 / s / 1e6
-    );
+    println!("gpt2_124m plain, in memory x{rounds}: {n} events in {s:.3} s = {:.2} M events/s", n as f64 / s / 1e6);
 
     // 3. One long trace: the gpt2 events repeated 200 times with fresh ids
     //    (3.3 M events), written to a .jsonl.gz file and read back once.
@@ -167,19 +152,9 @@ fn parse_speed() {
         let off = r * 10_000;
         for e in &events {
             let e = match *e {
-                Event::Alloc {
-                    id,
-                    bytes,
-                    kind,
-                    stream,
-                    t_us,
-                } => Event::Alloc {
-                    id: id + off,
-                    bytes,
-                    kind,
-                    stream,
-                    t_us,
-                },
+                Event::Alloc { id, bytes, kind, stream, t_us } => {
+                    Event::Alloc { id: id + off, bytes, kind, stream, t_us }
+                }
                 Event::Free { id, t_us } => Event::Free { id: id + off, t_us },
                 Event::Use { id, stream } => Event::Use { id: id + off, stream },
                 p => p,

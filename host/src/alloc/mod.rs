@@ -402,6 +402,9 @@ impl<D: Device> Allocator<D> {
     /// Obtains a new segment for `req` in `pool`; returns its single block,
     /// which is not in the free index.
     fn grow(&mut self, pool: u32, segment_bytes: u64, req: &AllocRequest) -> Result<u32, AllocError> {
+        if self.cached_bytes() > 0 {
+            self.run_reclaim(&ReclaimTrigger::Grow { request: *req, segment_bytes })?;
+        }
         let base = match self.device.alloc_segment(segment_bytes) {
             Ok(b) => b,
             Err(DeviceError::OutOfMemory { .. }) => {
@@ -538,6 +541,11 @@ impl<D: Device> Allocator<D> {
             self.release_cached(&d)?;
         }
         Ok(())
+    }
+
+    /// Bytes of free blocks cached in all pools.
+    pub fn cached_bytes(&self) -> u64 {
+        self.stats.bytes.reserved_bytes - self.stats.bytes.allocated_bytes
     }
 
     fn pool_selected(&self, pool: u32, names: Option<&[String]>) -> bool {

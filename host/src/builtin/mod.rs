@@ -4,7 +4,7 @@
 //! |---|---|---|---|
 //! | `naive` | one device allocation per tensor, released at free | none | LRU |
 //! | `pytorch` | PyTorch's CUDACachingAllocator defaults | release all cached on a failed device allocation | LRU |
-//! | `lifecycle` | pools per lifetime class, tight segments | release all cached on a failed device allocation | LRU |
+//! | `lifecycle` | pools per lifetime class, tight segments | before a pool grows, release free segments cached by others; all on a failed device allocation | LRU |
 //!
 //! The `pytorch` policy is also the built-in *default*: the engine falls back
 //! to its decisions whenever another policy fails or answers invalidly.
@@ -14,7 +14,7 @@ mod lru;
 mod naive;
 mod pytorch;
 
-pub use lifecycle::{LifecycleClass, LifecyclePlacement};
+pub use lifecycle::{LifecycleClass, LifecyclePlacement, LifecycleReclamation};
 pub use lru::LruEviction;
 pub use naive::NaivePlacement;
 pub use pytorch::{PytorchPlacement, PytorchReclamation};
@@ -39,7 +39,7 @@ pub fn by_name(name: &str) -> Option<Policies> {
     let (placement, reclamation): (Box<dyn PlacementPolicy>, Box<dyn ReclamationPolicy>) = match name {
         "naive" => (Box::new(NaivePlacement), Box::new(PytorchReclamation)),
         "pytorch" => (Box::new(PytorchPlacement), Box::new(PytorchReclamation)),
-        "lifecycle" => (Box::new(LifecyclePlacement::default()), Box::new(PytorchReclamation)),
+        "lifecycle" => (Box::new(LifecyclePlacement::default()), Box::new(LifecycleReclamation)),
         _ => return None,
     };
     Some(Policies { placement, reclamation, eviction: Box::new(LruEviction) })

@@ -88,7 +88,7 @@ impl ReclamationPolicy for PytorchReclamation {
     fn reclaim(&mut self, trigger: &ReclaimTrigger, _ctx: &PolicyContext) -> Result<ReclaimDecision, PolicyError> {
         Ok(match trigger {
             ReclaimTrigger::AllocFailed { .. } => ReclaimDecision::all(),
-            ReclaimTrigger::Phase { .. } => ReclaimDecision::none(),
+            ReclaimTrigger::Grow { .. } | ReclaimTrigger::Phase { .. } => ReclaimDecision::none(),
         })
     }
 }

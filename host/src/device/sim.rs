@@ -309,7 +309,7 @@ impl Device for SimDevice {
     }
 
     fn reserve_virtual(&mut self, bytes: u64) -> Result<DevicePtr, DeviceError> {
-        if bytes == 0 || bytes % self.cfg.granularity != 0 {
+        if bytes == 0 || !bytes.is_multiple_of(self.cfg.granularity) {
             return Err(DeviceError::Invalid(format!(
                 "reservation of {bytes} bytes is not a positive multiple of {}",
                 self.cfg.granularity
@@ -331,7 +331,7 @@ impl Device for SimDevice {
     }
 
     fn create_physical(&mut self, bytes: u64) -> Result<PhysHandle, DeviceError> {
-        if bytes == 0 || bytes % self.cfg.granularity != 0 {
+        if bytes == 0 || !bytes.is_multiple_of(self.cfg.granularity) {
             return Err(DeviceError::Invalid(format!(
                 "physical allocation of {bytes} bytes is not a positive multiple of {}",
                 self.cfg.granularity
@@ -378,7 +378,7 @@ impl Device for SimDevice {
             }
             Some(p) => p.size,
         };
-        if va % self.cfg.granularity != 0 {
+        if !va.is_multiple_of(self.cfg.granularity) {
             return Err(DeviceError::Invalid(format!("{va:#x} is not aligned to the granularity")));
         }
         let inside = self.reservations.range(..=va).next_back().is_some_and(|(&b, &s)| va + size <= b + s);

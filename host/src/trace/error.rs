@@ -88,9 +88,7 @@ pub enum TraceErrorKind {
     )]
     UnknownKind(String),
     /// The `name` of a `phase` is not a known phase.
-    #[error(
-        "field `name`: unknown phase `{0}` (expected forward, backward, optimizer or step_end)"
-    )]
+    #[error("field `name`: unknown phase `{0}` (expected forward, backward, optimizer or step_end)")]
     UnknownPhase(String),
     /// An `alloc` names an id that was allocated before.
     #[error("alloc of id {0}, which was already used (ids are never reused)")]
@@ -111,10 +109,6 @@ pub enum TraceErrorKind {
 
 impl TraceError {
     pub(crate) fn new(file: &str, line: u64, kind: TraceErrorKind) -> Self {
-        TraceError {
-            file: file.to_owned(),
-            line,
-            kind,
-        }
+        TraceError { file: file.to_owned(), line, kind }
     }
 }

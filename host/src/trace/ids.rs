@@ -29,10 +29,7 @@ impl RunSet {
                 return true;
             }
         }
-        self.runs
-            .range(..=x)
-            .next_back()
-            .is_some_and(|(_, &e)| x <= e)
+        self.runs.range(..=x).next_back().is_some_and(|(_, &e)| x <= e)
     }
 
     /// Inserts `x`; returns `false` when it was already present.
@@ -55,9 +52,7 @@ impl RunSet {
             }
         }
         let joins_prev = prev.filter(|&(_, e)| e.checked_add(1) == Some(x));
-        let next = x
-            .checked_add(1)
-            .and_then(|n| self.runs.get(&n).map(|&e| (n, e)));
+        let next = x.checked_add(1).and_then(|n| self.runs.get(&n).map(|&e| (n, e)));
         let run = match (joins_prev, next) {
             (Some((s, _)), Some((n, e))) => {
                 self.runs.remove(&n);
@@ -161,9 +156,7 @@ mod tests {
         let mut s = RunSet::default();
         let mut x: u64 = 12345;
         for _ in 0..5000 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             let v = (x >> 33) % 700;
             assert_eq!(s.insert(v), reference.insert(v));
             let probe = (x >> 13) % 700;

@@ -56,10 +56,7 @@ pub struct TraceHeader {
 
 impl Default for TraceHeader {
     fn default() -> Self {
-        TraceHeader {
-            source: String::new(),
-            ranks: 1,
-        }
+        TraceHeader { source: String::new(), ranks: 1 }
     }
 }
 

@@ -33,9 +33,7 @@ pub struct ReadOptions {
 
 impl Default for ReadOptions {
     fn default() -> Self {
-        ReadOptions {
-            max_line_len: DEFAULT_MAX_LINE_LEN,
-        }
+        ReadOptions { max_line_len: DEFAULT_MAX_LINE_LEN }
     }
 }
 
@@ -92,19 +90,14 @@ impl FileTraceReader {
     pub fn open_with(path: impl AsRef<Path>, opts: ReadOptions) -> Result<Self, TraceError> {
         let path = path.as_ref();
         let name = path.display().to_string();
-        let file =
-            File::open(path).map_err(|e| TraceError::new(&name, 0, TraceErrorKind::Read(e)))?;
+        let file = File::open(path).map_err(|e| TraceError::new(&name, 0, TraceErrorKind::Read(e)))?;
         let mut buffered = BufReader::with_capacity(1 << 16, file);
-        let inner: Box<dyn BufRead + Send> = if is_gzip(&mut buffered)
-            .map_err(|e| TraceError::new(&name, 0, TraceErrorKind::Read(e)))?
-        {
-            Box::new(BufReader::with_capacity(
-                1 << 16,
-                MultiGzDecoder::new(buffered),
-            ))
-        } else {
-            Box::new(buffered)
-        };
+        let inner: Box<dyn BufRead + Send> =
+            if is_gzip(&mut buffered).map_err(|e| TraceError::new(&name, 0, TraceErrorKind::Read(e)))? {
+                Box::new(BufReader::with_capacity(1 << 16, MultiGzDecoder::new(buffered)))
+            } else {
+                Box::new(buffered)
+            };
         TraceReader::with_options(inner, name, opts)
     }
 }
@@ -128,11 +121,7 @@ impl<R: BufRead> TraceReader<R> {
     }
 
     /// [`new`](Self::new) with explicit settings.
-    pub fn with_options(
-        inner: R,
-        file: impl Into<String>,
-        opts: ReadOptions,
-    ) -> Result<Self, TraceError> {
+    pub fn with_options(inner: R, file: impl Into<String>, opts: ReadOptions) -> Result<Self, TraceError> {
         let mut reader = TraceReader {
             inner,
             file: file.into(),
@@ -399,15 +388,9 @@ impl<'de> Visitor<'de> for LineSeed<'_> {
                 (Mode::Event, "t_us") => read_field(&mut map, &self, "t_us", &mut raw.t_us)?,
                 (Mode::Event, "name") => read_str_field(&mut map, &self, "name", &mut raw.name)?,
                 (Mode::Event, "step") => read_field(&mut map, &self, "step", &mut raw.step)?,
-                (Mode::Header, "format") => {
-                    read_str_field(&mut map, &self, "format", &mut raw.format)?
-                }
-                (Mode::Header, "version") => {
-                    read_field(&mut map, &self, "version", &mut raw.version)?
-                }
-                (Mode::Header, "source") => {
-                    read_str_field(&mut map, &self, "source", &mut raw.source)?
-                }
+                (Mode::Header, "format") => read_str_field(&mut map, &self, "format", &mut raw.format)?,
+                (Mode::Header, "version") => read_field(&mut map, &self, "version", &mut raw.version)?,
+                (Mode::Header, "source") => read_str_field(&mut map, &self, "source", &mut raw.source)?,
                 (Mode::Header, "ranks") => read_field(&mut map, &self, "ranks", &mut raw.ranks)?,
                 _ => {
                     map.next_value::<IgnoredAny>()?;
@@ -433,26 +416,18 @@ fn parse_raw(line: &[u8], mode: Mode) -> Result<RawLine<'_>, TraceErrorKind> {
     let field = Cell::new(None);
     let duplicate = Cell::new(None);
     let mut de = serde_json::Deserializer::from_slice(line);
-    let result = LineSeed {
-        mode,
-        field: &field,
-        duplicate: &duplicate,
-    }
-    .deserialize(&mut de)
-    .and_then(|raw| de.end().map(|()| raw));
+    let result = LineSeed { mode, field: &field, duplicate: &duplicate }
+        .deserialize(&mut de)
+        .and_then(|raw| de.end().map(|()| raw));
     result.map_err(|e| {
         if let Some(name) = duplicate.get() {
             return TraceErrorKind::DuplicateField(name);
         }
         match (field.get(), e.classify()) {
-            (Some(name), serde_json::error::Category::Data) => TraceErrorKind::InvalidField {
-                field: name,
-                message: json_message(&e),
-            },
-            _ => TraceErrorKind::Json {
-                column: (e.column() > 0).then_some(e.column()),
-                message: json_message(&e),
-            },
+            (Some(name), serde_json::error::Category::Data) => {
+                TraceErrorKind::InvalidField { field: name, message: json_message(&e) }
+            }
+            _ => TraceErrorKind::Json { column: (e.column() > 0).then_some(e.column()), message: json_message(&e) },
         }
     })
 }
@@ -462,28 +437,16 @@ fn build_header(raw: RawLine<'_>) -> Result<TraceHeader, TraceErrorKind> {
     if format != FORMAT_NAME {
         return Err(TraceErrorKind::WrongFormat(format.into_owned()));
     }
-    let version = raw.version.ok_or(TraceErrorKind::MissingField {
-        context: "header",
-        field: "version",
-    })?;
+    let version = raw.version.ok_or(TraceErrorKind::MissingField { context: "header", field: "version" })?;
     if version != FORMAT_VERSION {
         return Err(TraceErrorKind::UnsupportedVersion(version));
     }
-    Ok(TraceHeader {
-        source: raw.source.map(Cow::into_owned).unwrap_or_default(),
-        ranks: raw.ranks.unwrap_or(1),
-    })
+    Ok(TraceHeader { source: raw.source.map(Cow::into_owned).unwrap_or_default(), ranks: raw.ranks.unwrap_or(1) })
 }
 
 fn build_event(raw: RawLine<'_>) -> Result<Event, TraceErrorKind> {
-    let op = raw.op.ok_or(TraceErrorKind::MissingField {
-        context: "event",
-        field: "op",
-    })?;
-    let missing = |context: &'static str, field: &'static str| TraceErrorKind::MissingField {
-        context,
-        field,
-    };
+    let op = raw.op.ok_or(TraceErrorKind::MissingField { context: "event", field: "op" })?;
+    let missing = |context: &'static str, field: &'static str| TraceErrorKind::MissingField { context, field };
     Ok(match op.as_ref() {
         "alloc" => {
             const C: &str = "`alloc` event";
@@ -491,27 +454,14 @@ fn build_event(raw: RawLine<'_>) -> Result<Event, TraceErrorKind> {
             let bytes = raw.bytes.ok_or_else(|| missing(C, "bytes"))?;
             let kind = raw.kind.ok_or_else(|| missing(C, "kind"))?;
             let kind = parse_kind(&kind).ok_or_else(|| TraceErrorKind::UnknownKind(kind.into()))?;
-            Event::Alloc {
-                id,
-                bytes,
-                kind,
-                stream: raw.stream.unwrap_or(0),
-                t_us: raw.t_us,
-            }
+            Event::Alloc { id, bytes, kind, stream: raw.stream.unwrap_or(0), t_us: raw.t_us }
         }
-        "free" => Event::Free {
-            id: raw.id.ok_or_else(|| missing("`free` event", "id"))?,
-            t_us: raw.t_us,
-        },
-        "use" => Event::Use {
-            id: raw.id.ok_or_else(|| missing("`use` event", "id"))?,
-            stream: raw.stream,
-        },
+        "free" => Event::Free { id: raw.id.ok_or_else(|| missing("`free` event", "id"))?, t_us: raw.t_us },
+        "use" => Event::Use { id: raw.id.ok_or_else(|| missing("`use` event", "id"))?, stream: raw.stream },
         "phase" => {
             const C: &str = "`phase` event";
             let name = raw.name.ok_or_else(|| missing(C, "name"))?;
-            let phase =
-                parse_phase(&name).ok_or_else(|| TraceErrorKind::UnknownPhase(name.into()))?;
+            let phase = parse_phase(&name).ok_or_else(|| TraceErrorKind::UnknownPhase(name.into()))?;
             let step = raw.step.ok_or_else(|| missing(C, "step"))?;
             Event::Phase { phase, step }
         }

@@ -29,10 +29,7 @@ pub struct TraceWriter<W: Write> {
 
 impl<W: Write> fmt::Debug for TraceWriter<W> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TraceWriter")
-            .field("file", &self.file)
-            .field("line", &self.line)
-            .finish_non_exhaustive()
+        f.debug_struct("TraceWriter").field("file", &self.file).field("line", &self.line).finish_non_exhaustive()
     }
 }
 
@@ -96,8 +93,7 @@ impl FileTraceWriter {
     pub fn create(path: impl AsRef<Path>, header: &TraceHeader) -> Result<Self, TraceError> {
         let path = path.as_ref();
         let name = path.display().to_string();
-        let file =
-            File::create(path).map_err(|e| TraceError::new(&name, 0, TraceErrorKind::Write(e)))?;
+        let file = File::create(path).map_err(|e| TraceError::new(&name, 0, TraceErrorKind::Write(e)))?;
         let buffered = BufWriter::with_capacity(1 << 16, file);
         let sink = if path.extension().is_some_and(|e| e == "gz") {
             FileSink::Gzip(GzEncoder::new(buffered, Compression::default()))
@@ -110,22 +106,15 @@ impl FileTraceWriter {
     /// Flushes and closes the file (writing the gzip trailer).
     pub fn close(self) -> Result<(), TraceError> {
         let (file, line) = (self.file.clone(), self.line);
-        self.out
-            .finish()
-            .map_err(|e| TraceError::new(&file, line, TraceErrorKind::Write(e)))
+        self.out.finish().map_err(|e| TraceError::new(&file, line, TraceErrorKind::Write(e)))
     }
 }
 
 impl<W: Write> TraceWriter<W> {
     /// Writes the header line to `out`; `file` names the output in errors.
     pub fn new(out: W, file: impl Into<String>, header: &TraceHeader) -> Result<Self, TraceError> {
-        let mut w = TraceWriter {
-            out,
-            file: file.into(),
-            line: 0,
-            ids: IdTracker::default(),
-            buf: Vec::with_capacity(256),
-        };
+        let mut w =
+            TraceWriter { out, file: file.into(), line: 0, ids: IdTracker::default(), buf: Vec::with_capacity(256) };
         w.line = 1;
         w.buf.clear();
         w.buf.extend_from_slice(b"{\"format\":");
@@ -141,21 +130,13 @@ impl<W: Write> TraceWriter<W> {
     /// Validates and writes one event. An invalid event is not written and
     /// the error names the line it would have had.
     pub fn write(&mut self, event: &Event) -> Result<(), TraceError> {
-        self.ids
-            .apply(event)
-            .map_err(|k| TraceError::new(&self.file, self.line + 1, k))?;
+        self.ids.apply(event).map_err(|k| TraceError::new(&self.file, self.line + 1, k))?;
         self.line += 1;
         self.buf.clear();
         let b = &mut self.buf;
         // Writing to a Vec cannot fail.
         let _ = match *event {
-            Event::Alloc {
-                id,
-                bytes,
-                kind,
-                stream,
-                t_us,
-            } => {
+            Event::Alloc { id, bytes, kind, stream, t_us } => {
                 let _ = write!(
                     b,
                     "{{\"op\":\"alloc\",\"id\":{id},\"bytes\":{bytes},\"kind\":\"{kind}\",\"stream\":{stream}"
@@ -174,10 +155,7 @@ impl<W: Write> TraceWriter<W> {
                 None => writeln!(b, "{{\"op\":\"use\",\"id\":{id}}}"),
             },
             Event::Phase { phase, step } => {
-                writeln!(
-                    b,
-                    "{{\"op\":\"phase\",\"name\":\"{phase}\",\"step\":{step}}}"
-                )
+                writeln!(b, "{{\"op\":\"phase\",\"name\":\"{phase}\",\"step\":{step}}}")
             }
         };
         self.flush_line()
@@ -191,16 +169,12 @@ impl<W: Write> TraceWriter<W> {
     /// Flushes and returns the underlying writer. For a [`FileSink`] use
     /// [`TraceWriter::close`], which also writes the gzip trailer.
     pub fn finish(mut self) -> Result<W, TraceError> {
-        self.out
-            .flush()
-            .map_err(|e| TraceError::new(&self.file, self.line, TraceErrorKind::Write(e)))?;
+        self.out.flush().map_err(|e| TraceError::new(&self.file, self.line, TraceErrorKind::Write(e)))?;
         Ok(self.out)
     }
 
     fn flush_line(&mut self) -> Result<(), TraceError> {
-        self.out
-            .write_all(&self.buf)
-            .map_err(|e| TraceError::new(&self.file, self.line, TraceErrorKind::Write(e)))
+        self.out.write_all(&self.buf).map_err(|e| TraceError::new(&self.file, self.line, TraceErrorKind::Write(e)))
     }
 }
 
