@@ -54,23 +54,10 @@ fn normalized(events: &[Event]) -> Vec<Event> {
     events
         .iter()
         .filter_map(|e| match *e {
-            Event::Alloc {
-                id,
-                bytes,
-                kind,
-                stream,
-                t_us,
-            } => Some(Event::Alloc {
-                id: id_of(id),
-                bytes,
-                kind,
-                stream,
-                t_us,
-            }),
-            Event::Free { id, t_us } => Some(Event::Free {
-                id: id_of(id),
-                t_us,
-            }),
+            Event::Alloc { id, bytes, kind, stream, t_us } => {
+                Some(Event::Alloc { id: id_of(id), bytes, kind, stream, t_us })
+            }
+            Event::Free { id, t_us } => Some(Event::Free { id: id_of(id), t_us }),
             _ => None,
         })
         .collect()
@@ -88,15 +75,11 @@ fn export_import(events: &[Event]) -> Snapshot {
 #[test]
 fn sample_a_imports() {
     let Some(dir) = traces_dir() else { return };
-    let s = snapshot::import_file(dir.join("pytorch-snapshot-a.pickle"), &Default::default())
-        .unwrap();
+    let s = snapshot::import_file(dir.join("pytorch-snapshot-a.pickle"), &Default::default()).unwrap();
     let i = &s.info;
     assert_eq!((i.device, i.segments, i.entries), (0, 216, 5163));
     assert_eq!(i.pytorch_reserved_bytes_end, 14_180_941_824);
-    assert_eq!(
-        (i.pytorch_reserved_bytes_end as f64 / GIB as f64 * 10.0).round() / 10.0,
-        13.2
-    );
+    assert_eq!((i.pytorch_reserved_bytes_end as f64 / GIB as f64 * 10.0).round() / 10.0, 13.2);
     // No segment_* entries in this sample: the peak is the end value.
     assert_eq!(i.pytorch_peak_reserved_bytes, i.pytorch_reserved_bytes_end);
     // 2 blocks freed in the window without an alloc, 227 active at the end
@@ -107,35 +90,22 @@ fn sample_a_imports() {
     let (allocs, frees, live, _) = check_valid(&s.events);
     assert_eq!((allocs, frees, live), (1721 + 229, 1721, 229));
     assert!(s.header.source.contains("pytorch-snapshot-a.pickle"));
-    assert!(s
-        .events
-        .iter()
-        .all(|e| !matches!(e, Event::Alloc { kind, .. } if *kind != TensorKind::Other)));
+    assert!(s.events.iter().all(|e| !matches!(e, Event::Alloc { kind, .. } if *kind != TensorKind::Other)));
 }
 
 #[test]
 fn sample_b_imports() {
     let Some(dir) = traces_dir() else { return };
-    let s = snapshot::import_file(dir.join("pytorch-snapshot-b.pickle"), &Default::default())
-        .unwrap();
+    let s = snapshot::import_file(dir.join("pytorch-snapshot-b.pickle"), &Default::default()).unwrap();
     let i = &s.info;
     assert_eq!((i.segments, i.entries), (96, 6486));
-    assert_eq!(
-        (i.pytorch_reserved_bytes_end as f64 / GIB as f64 * 100.0).round() / 100.0,
-        3.95
-    );
+    assert_eq!((i.pytorch_reserved_bytes_end as f64 / GIB as f64 * 100.0).round() / 100.0, 3.95);
     assert_eq!(i.synthesized_allocs, 222 + 225);
     let (allocs, frees, live, _) = check_valid(&s.events);
     assert_eq!((allocs, frees, live), (2162 + 447, 2162, 447));
     // Events from the window carry PyTorch's timestamps, synthesized ones none.
     assert!(matches!(s.events[0], Event::Alloc { t_us: None, .. }));
-    assert!(matches!(
-        s.events.last(),
-        Some(Event::Free {
-            t_us: Some(1_773_270_053_909_604),
-            ..
-        })
-    ));
+    assert!(matches!(s.events.last(), Some(Event::Free { t_us: Some(1_773_270_053_909_604), .. })));
 }
 
 #[test]
@@ -149,28 +119,14 @@ fn samples_survive_export_and_import() {
         let strip = |ev: Vec<Event>| -> Vec<Event> {
             ev.into_iter()
                 .map(|e| match e {
-                    Event::Alloc {
-                        id,
-                        bytes,
-                        kind,
-                        stream,
-                        ..
-                    } => Event::Alloc {
-                        id,
-                        bytes,
-                        kind,
-                        stream,
-                        t_us: None,
-                    },
+                    Event::Alloc { id, bytes, kind, stream, .. } => {
+                        Event::Alloc { id, bytes, kind, stream, t_us: None }
+                    }
                     e => e,
                 })
                 .collect()
         };
-        assert_eq!(
-            strip(normalized(&again.events)),
-            strip(normalized(&s.events)),
-            "{name}"
-        );
+        assert_eq!(strip(normalized(&again.events)), strip(normalized(&s.events)), "{name}");
         assert_eq!(again.info.synthesized_allocs, 0);
     }
 }
@@ -185,23 +141,10 @@ fn shared_trace_round_trips_through_a_snapshot() {
         .iter()
         .enumerate()
         .map(|(i, e)| match *e {
-            Event::Alloc {
-                id,
-                bytes,
-                kind,
-                stream,
-                t_us,
-            } => Event::Alloc {
-                id,
-                bytes,
-                kind,
-                stream,
-                t_us: t_us.or(Some(i as u64)),
-            },
-            Event::Free { id, t_us } => Event::Free {
-                id,
-                t_us: t_us.or(Some(i as u64)),
-            },
+            Event::Alloc { id, bytes, kind, stream, t_us } => {
+                Event::Alloc { id, bytes, kind, stream, t_us: t_us.or(Some(i as u64)) }
+            }
+            Event::Free { id, t_us } => Event::Free { id, t_us: t_us.or(Some(i as u64)) },
             e => e,
         })
         .collect();
@@ -231,13 +174,7 @@ fn shared_trace_round_trips_through_a_snapshot() {
 }
 
 fn alloc(id: u64, bytes: u64, kind: TensorKind, stream: u32, t: u64) -> Event {
-    Event::Alloc {
-        id,
-        bytes,
-        kind,
-        stream,
-        t_us: Some(t),
-    }
+    Event::Alloc { id, bytes, kind, stream, t_us: Some(t) }
 }
 
 #[test]
@@ -245,26 +182,13 @@ fn export_import_round_trips_a_small_stream() {
     let events = vec![
         alloc(10, 1, TensorKind::Param, 0, 1),
         alloc(11, 3 << 20, TensorKind::Activation, 7, 2),
-        Event::Use {
-            id: 11,
-            stream: Some(3),
-        },
-        Event::Free {
-            id: 11,
-            t_us: Some(3),
-        },
+        Event::Use { id: 11, stream: Some(3) },
+        Event::Free { id: 11, t_us: Some(3) },
         alloc(12, u64::MAX / 4, TensorKind::Optim, u32::MAX, 4),
-        Event::Free {
-            id: 10,
-            t_us: Some(5),
-        },
+        Event::Free { id: 10, t_us: Some(5) },
     ];
     let s = export_import(&events);
-    let expect: Vec<Event> = events
-        .iter()
-        .copied()
-        .filter(|e| !matches!(e, Event::Use { .. }))
-        .collect();
+    let expect: Vec<Event> = events.iter().copied().filter(|e| !matches!(e, Event::Use { .. })).collect();
     assert_eq!(normalized(&s.events), normalized(&expect));
     let mut streams = s.info.streams.clone();
     streams.sort_unstable();
@@ -279,8 +203,7 @@ fn export_shape_and_devices() {
     let events = vec![alloc(1, 100, TensorKind::Grad, 0, 5)];
     let input = ExportInput::one_segment_per_tensor(&events, 2);
     let bytes = export::export_bytes(&input).unwrap();
-    let v: serde_pickle::Value =
-        serde_pickle::value_from_slice(&bytes, serde_pickle::DeOptions::new()).unwrap();
+    let v: serde_pickle::Value = serde_pickle::value_from_slice(&bytes, serde_pickle::DeOptions::new()).unwrap();
     let text = format!("{v:?}");
     for key in [
         "segments",
@@ -295,22 +218,11 @@ fn export_shape_and_devices() {
     ] {
         assert!(text.contains(key), "{key} missing from {text}");
     }
-    let s = snapshot::import_bytes(
-        &bytes,
-        "dev.pickle",
-        &ImportOptions {
-            device: 2,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let s = snapshot::import_bytes(&bytes, "dev.pickle", &ImportOptions { device: 2, ..Default::default() }).unwrap();
     assert_eq!(s.info.device, 2);
     assert_eq!(s.events.len(), 1);
     let e = snapshot::import_bytes(&bytes, "dev.pickle", &ImportOptions::default()).unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        "dev.pickle: device 0 is not in the snapshot (devices present: 2)"
-    );
+    assert_eq!(e.to_string(), "dev.pickle: device 0 is not in the snapshot (devices present: 2)");
 }
 
 /// Pickles a JSON value (dicts, lists, ints, strings) with serde_pickle.
@@ -319,9 +231,7 @@ fn pk(v: serde_json::Value) -> Vec<u8> {
 }
 
 fn import_err(v: serde_json::Value) -> String {
-    snapshot::import_bytes(&pk(v), "x.pickle", &ImportOptions::default())
-        .unwrap_err()
-        .to_string()
+    snapshot::import_bytes(&pk(v), "x.pickle", &ImportOptions::default()).unwrap_err().to_string()
 }
 
 #[test]
@@ -335,10 +245,7 @@ fn import_errors() {
         "x.pickle: not a PyTorch memory snapshot: \
          the top-level dict has neither `segments` nor `device_traces`"
     );
-    assert_eq!(
-        import_err(json!({"segments": 3})),
-        "x.pickle: `segments` should be a list, found int"
-    );
+    assert_eq!(import_err(json!({"segments": 3})), "x.pickle: `segments` should be a list, found int");
     assert_eq!(
         import_err(json!({"segments": [{"address": 0, "total_size": "big"}]})),
         "x.pickle: `segments[0].total_size` should be a non-negative integer below 2**63, found str"
@@ -364,9 +271,7 @@ fn import_errors() {
         "x.pickle: `device_traces[0][0]` should be a dict, found int"
     );
     assert_eq!(
-        snapshot::import_bytes(b"\x80\x04K", "x.pickle", &Default::default())
-            .unwrap_err()
-            .to_string(),
+        snapshot::import_bytes(b"\x80\x04K", "x.pickle", &Default::default()).unwrap_err().to_string(),
         "x.pickle: malformed pickle at byte 2: truncated input"
     );
     let e = snapshot::import_file("/nonexistent.pickle", &Default::default()).unwrap_err();
@@ -387,20 +292,8 @@ fn import_tolerates_old_and_odd_shapes() {
     assert_eq!(
         s.events,
         vec![
-            Event::Alloc {
-                id: 1,
-                bytes: 1024,
-                kind: TensorKind::Other,
-                stream: 0,
-                t_us: None
-            },
-            Event::Alloc {
-                id: 2,
-                bytes: 100,
-                kind: TensorKind::Other,
-                stream: 0,
-                t_us: None
-            },
+            Event::Alloc { id: 1, bytes: 1024, kind: TensorKind::Other, stream: 0, t_us: None },
+            Event::Alloc { id: 2, bytes: 100, kind: TensorKind::Other, stream: 0, t_us: None },
         ]
     );
 
@@ -427,10 +320,7 @@ fn import_tolerates_old_and_odd_shapes() {
     assert_eq!(s.info.skipped_entries, 5);
     assert_eq!(s.info.pytorch_reserved_bytes_end, 4096);
     assert_eq!(s.info.pytorch_peak_reserved_bytes, 4096 + 1048576);
-    assert_eq!(
-        s.info.streams,
-        vec![(0, 0), (140000000000001, 2), (140000000000002, 1)]
-    );
+    assert_eq!(s.info.streams, vec![(0, 0), (140000000000001, 2), (140000000000002, 1)]);
     let (allocs, frees, live, live_bytes) = check_valid(&s.events);
     assert_eq!((allocs, frees, live, live_bytes), (3, 2, 1, 4096));
 }

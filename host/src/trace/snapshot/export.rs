@@ -219,13 +219,7 @@ struct PySnapshot {
 }
 
 fn frames(kind: Option<TensorKind>) -> Vec<PyFrame> {
-    kind.map(|k| PyFrame {
-        name: format!("{KIND_FRAME_PREFIX}{k}"),
-        filename: "wasmem",
-        line: 0,
-    })
-    .into_iter()
-    .collect()
+    kind.map(|k| PyFrame { name: format!("{KIND_FRAME_PREFIX}{k}"), filename: "wasmem", line: 0 }).into_iter().collect()
 }
 
 /// Serializes `input` to snapshot pickle bytes.
@@ -234,10 +228,7 @@ pub fn export_bytes(input: &ExportInput) -> Result<Vec<u8>, ExportError> {
         .segments
         .iter()
         .map(|s| {
-            let active = s
-                .blocks
-                .iter()
-                .filter(|b| b.state == BlockState::ActiveAllocated);
+            let active = s.blocks.iter().filter(|b| b.state == BlockState::ActiveAllocated);
             let allocated: u64 = active.clone().map(|b| b.size).sum();
             let requested: u64 = active.map(|b| b.requested_size).sum();
             PySegment {
@@ -301,10 +292,7 @@ pub fn export_bytes(input: &ExportInput) -> Result<Vec<u8>, ExportError> {
 pub fn export_file(path: impl AsRef<Path>, input: &ExportInput) -> Result<(), ExportError> {
     let path = path.as_ref();
     let bytes = export_bytes(input)?;
-    std::fs::write(path, bytes).map_err(|source| ExportError::Write {
-        path: path.display().to_string(),
-        source,
-    })
+    std::fs::write(path, bytes).map_err(|source| ExportError::Write { path: path.display().to_string(), source })
 }
 
 impl ExportInput {
@@ -320,24 +308,16 @@ impl ExportInput {
     pub fn one_segment_per_tensor(events: &[Event], device: u32) -> ExportInput {
         // Addresses: a bump pointer from 2**32, each segment 2 MiB aligned.
         let mut next_addr: u64 = 1 << 32;
-        let mut live: rustc_hash::FxHashMap<u64, (u64, u64, u32, u64, TensorKind)> =
-            rustc_hash::FxHashMap::default();
+        let mut live: rustc_hash::FxHashMap<u64, (u64, u64, u32, u64, TensorKind)> = rustc_hash::FxHashMap::default();
         let mut order: Vec<u64> = Vec::new();
         let mut trace = Vec::new();
         for (i, event) in events.iter().enumerate() {
             match *event {
-                Event::Alloc {
-                    id,
-                    bytes,
-                    kind,
-                    stream,
-                    t_us,
-                } => {
+                Event::Alloc { id, bytes, kind, stream, t_us } => {
                     let time_us = t_us.unwrap_or(i as u64);
                     let size = bytes.max(1).div_ceil(512).saturating_mul(512);
                     let addr = next_addr;
-                    next_addr = next_addr
-                        .saturating_add(size.div_ceil(2 * MIB).saturating_mul(2 * MIB));
+                    next_addr = next_addr.saturating_add(size.div_ceil(2 * MIB).saturating_mul(2 * MIB));
                     live.insert(id, (addr, bytes, stream, size, kind));
                     order.push(id);
                     trace.push(ExportTraceEntry {
@@ -367,14 +347,7 @@ impl ExportInput {
                         (TraceAction::FreeCompleted, bytes),
                         (TraceAction::SegmentFree, size),
                     ] {
-                        trace.push(ExportTraceEntry {
-                            action,
-                            addr,
-                            size,
-                            stream,
-                            time_us,
-                            kind: None,
-                        });
+                        trace.push(ExportTraceEntry { action, addr, size, stream, time_us, kind: None });
                     }
                 }
                 Event::Use { .. } | Event::Phase { .. } => {}
@@ -396,10 +369,6 @@ impl ExportInput {
                 }],
             })
             .collect();
-        ExportInput {
-            device,
-            segments,
-            trace,
-        }
+        ExportInput { device, segments, trace }
     }
 }

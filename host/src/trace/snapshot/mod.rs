@@ -81,11 +81,7 @@ pub struct ImportLimits {
 
 impl Default for ImportLimits {
     fn default() -> Self {
-        ImportLimits {
-            max_input_bytes: 1 << 30,
-            max_values: 256 << 20,
-            max_walk_steps: 1 << 30,
-        }
+        ImportLimits { max_input_bytes: 1 << 30, max_values: 256 << 20, max_walk_steps: 1 << 30 }
     }
 }
 
@@ -224,10 +220,7 @@ pub enum SnapshotErrorKind {
 pub fn import_file(path: impl AsRef<Path>, opts: &ImportOptions) -> Result<Snapshot, SnapshotError> {
     let path = path.as_ref();
     let name = path.display().to_string();
-    let err = |kind| SnapshotError {
-        file: name.clone(),
-        kind,
-    };
+    let err = |kind| SnapshotError { file: name.clone(), kind };
     let file = File::open(path).map_err(|e| err(SnapshotErrorKind::Read(e)))?;
     let limit = opts.limits.max_input_bytes;
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);
@@ -235,13 +228,8 @@ pub fn import_file(path: impl AsRef<Path>, opts: &ImportOptions) -> Result<Snaps
         return Err(err(SnapshotErrorKind::TooLarge { limit }));
     }
     let mut bytes = Vec::with_capacity(len as usize);
-    file.take(limit.saturating_add(1))
-        .read_to_end(&mut bytes)
-        .map_err(|e| err(SnapshotErrorKind::Read(e)))?;
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| name.clone());
+    file.take(limit.saturating_add(1)).read_to_end(&mut bytes).map_err(|e| err(SnapshotErrorKind::Read(e)))?;
+    let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| name.clone());
     import_named(&bytes, &name, &file_name, opts)
 }
 
@@ -251,20 +239,10 @@ pub fn import_bytes(bytes: &[u8], name: &str, opts: &ImportOptions) -> Result<Sn
     import_named(bytes, name, name, opts)
 }
 
-fn import_named(
-    bytes: &[u8],
-    name: &str,
-    short_name: &str,
-    opts: &ImportOptions,
-) -> Result<Snapshot, SnapshotError> {
-    let err = |kind| SnapshotError {
-        file: name.to_owned(),
-        kind,
-    };
+fn import_named(bytes: &[u8], name: &str, short_name: &str, opts: &ImportOptions) -> Result<Snapshot, SnapshotError> {
+    let err = |kind| SnapshotError { file: name.to_owned(), kind };
     if bytes.len() as u64 > opts.limits.max_input_bytes {
-        return Err(err(SnapshotErrorKind::TooLarge {
-            limit: opts.limits.max_input_bytes,
-        }));
+        return Err(err(SnapshotErrorKind::TooLarge { limit: opts.limits.max_input_bytes }));
     }
     let pk = pickle::parse(bytes, opts.limits.max_values).map_err(|e| {
         err(match e {
@@ -272,11 +250,7 @@ fn import_named(
             PickleError::TooManyValues(limit) => SnapshotErrorKind::TooManyValues { limit },
         })
     })?;
-    let mut walk = Walk {
-        p: &pk,
-        steps: 0,
-        max_steps: opts.limits.max_walk_steps,
-    };
+    let mut walk = Walk { p: &pk, steps: 0, max_steps: opts.limits.max_walk_steps };
     let raw = walk.snapshot(opts.device).map_err(err)?;
     let (events, mut info) = build_events(&raw);
     info.device = opts.device;
@@ -352,19 +326,13 @@ impl<'p, 'a> Walk<'p, 'a> {
     fn step(&mut self, n: usize) -> WalkResult<()> {
         self.steps = self.steps.saturating_add(n as u64);
         if self.steps > self.max_steps {
-            return Err(SnapshotErrorKind::TooManySteps {
-                limit: self.max_steps,
-            });
+            return Err(SnapshotErrorKind::TooManySteps { limit: self.max_steps });
         }
         Ok(())
     }
 
     fn shape<T>(&self, path: impl Fn() -> String, expected: &'static str, v: Val) -> WalkResult<T> {
-        Err(SnapshotErrorKind::Shape {
-            path: path(),
-            expected,
-            found: self.p.type_name(v),
-        })
+        Err(SnapshotErrorKind::Shape { path: path(), expected, found: self.p.type_name(v) })
     }
 
     fn dict(&mut self, v: Val, path: impl Fn() -> String) -> WalkResult<&'p [(Val, Val)]> {
@@ -387,11 +355,7 @@ impl<'p, 'a> Walk<'p, 'a> {
     /// The value under a string key (the last one wins, as in Python).
     fn get(&mut self, d: &'p [(Val, Val)], key: &str) -> WalkResult<Option<Val>> {
         self.step(d.len())?;
-        Ok(d
-            .iter()
-            .rev()
-            .find(|(k, _)| self.p.as_str(*k) == Some(key))
-            .map(|&(_, v)| v))
+        Ok(d.iter().rev().find(|(k, _)| self.p.as_str(*k) == Some(key)).map(|&(_, v)| v))
     }
 
     /// An optional non-negative integer (`None` also for Python's `None`).
@@ -405,21 +369,12 @@ impl<'p, 'a> Walk<'p, 'a> {
             None | Some(Val::None) => Ok(None),
             Some(v) => match self.p.as_int(v).and_then(|i| u64::try_from(i).ok()) {
                 Some(u) => Ok(Some(u)),
-                None => self.shape(
-                    || format!("{}.{key}", path()),
-                    "a non-negative integer below 2**63",
-                    v,
-                ),
+                None => self.shape(|| format!("{}.{key}", path()), "a non-negative integer below 2**63", v),
             },
         }
     }
 
-    fn req_u64(
-        &mut self,
-        d: &'p [(Val, Val)],
-        key: &'static str,
-        path: impl Fn() -> String,
-    ) -> WalkResult<u64> {
+    fn req_u64(&mut self, d: &'p [(Val, Val)], key: &'static str, path: impl Fn() -> String) -> WalkResult<u64> {
         match self.opt_u64(d, key, &path)? {
             Some(u) => Ok(u),
             None => Err(SnapshotErrorKind::MissingKey { path: path(), key }),
@@ -454,9 +409,7 @@ impl<'p, 'a> Walk<'p, 'a> {
             return Ok(None);
         };
         let name = self.get(frame, "name")?.and_then(|v| self.p.as_str(v));
-        Ok(name
-            .and_then(|n| n.strip_prefix(KIND_FRAME_PREFIX))
-            .and_then(|k| k.parse().ok()))
+        Ok(name.and_then(|n| n.strip_prefix(KIND_FRAME_PREFIX)).and_then(|k| k.parse().ok()))
     }
 
     fn snapshot(&mut self, device: u32) -> WalkResult<RawSnapshot> {
@@ -514,10 +467,7 @@ impl<'p, 'a> Walk<'p, 'a> {
 
         if segments.is_empty() && entries.is_empty() && !present.is_empty() && !present.contains(&u64::from(device)) {
             let list: Vec<String> = present.iter().map(u64::to_string).collect();
-            return Err(SnapshotErrorKind::NoSuchDevice {
-                device,
-                present: list.join(", "),
-            });
+            return Err(SnapshotErrorKind::NoSuchDevice { device, present: list.join(", ") });
         }
         Ok(RawSnapshot { segments, entries })
     }
@@ -537,27 +487,14 @@ impl<'p, 'a> Walk<'p, 'a> {
                 let size = self.req_u64(bd, "size", path)?;
                 let baddr = self.opt_u64(bd, "address", path)?.unwrap_or(offset);
                 offset = baddr.saturating_add(size);
-                let requested = self
-                    .opt_u64(bd, "requested_size", path)?
-                    .filter(|&r| r > 0)
-                    .unwrap_or(size);
+                let requested = self.opt_u64(bd, "requested_size", path)?.filter(|&r| r > 0).unwrap_or(size);
                 let state = self.opt_str(bd, "state", path)?.unwrap_or("inactive");
                 let active = state.starts_with("active");
                 let kind = if active { self.kind_marker(bd)? } else { None };
-                blocks.push(RawBlock {
-                    address: baddr,
-                    size,
-                    requested,
-                    active,
-                    kind,
-                });
+                blocks.push(RawBlock { address: baddr, size, requested, active, kind });
             }
         }
-        Ok(RawSegment {
-            total_size,
-            stream,
-            blocks,
-        })
+        Ok(RawSegment { total_size, stream, blocks })
     }
 
     fn entry(&mut self, e: Val, device: u32, j: usize) -> WalkResult<RawEntry> {
@@ -565,12 +502,7 @@ impl<'p, 'a> Walk<'p, 'a> {
         let ed = self.dict(e, path)?;
         let action_name = match self.opt_str(ed, "action", path)? {
             Some(a) => a,
-            None => {
-                return Err(SnapshotErrorKind::MissingKey {
-                    path: path(),
-                    key: "action",
-                })
-            }
+            None => return Err(SnapshotErrorKind::MissingKey { path: path(), key: "action" }),
         };
         let action = match action_name {
             "alloc" => Action::Alloc,
@@ -580,32 +512,14 @@ impl<'p, 'a> Walk<'p, 'a> {
             _ => Action::Other,
         };
         if action == Action::Other {
-            return Ok(RawEntry {
-                action,
-                addr: 0,
-                size: 0,
-                stream: 0,
-                time_us: None,
-                kind: None,
-            });
+            return Ok(RawEntry { action, addr: 0, size: 0, stream: 0, time_us: None, kind: None });
         }
         let addr = self.req_u64(ed, "addr", path)?;
         let size = self.req_u64(ed, "size", path)?;
         let stream = self.opt_u64(ed, "stream", path)?.unwrap_or(0);
         let time_us = self.opt_u64(ed, "time_us", path)?;
-        let kind = if action == Action::Alloc {
-            self.kind_marker(ed)?
-        } else {
-            None
-        };
-        Ok(RawEntry {
-            action,
-            addr,
-            size,
-            stream,
-            time_us,
-            kind,
-        })
+        let kind = if action == Action::Alloc { self.kind_marker(ed)? } else { None };
+        Ok(RawEntry { action, addr, size, stream, time_us, kind })
     }
 }
 
@@ -643,11 +557,7 @@ fn stream_map(raw: &RawSnapshot) -> FxHashMap<u64, u32> {
 fn build_events(raw: &RawSnapshot) -> (Vec<Event>, SnapshotInfo) {
     let streams = stream_map(raw);
     let stream_of = |s: u64| streams.get(&s).copied().unwrap_or(0);
-    let mut info = SnapshotInfo {
-        segments: raw.segments.len(),
-        entries: raw.entries.len(),
-        ..SnapshotInfo::default()
-    };
+    let mut info = SnapshotInfo { segments: raw.segments.len(), entries: raw.entries.len(), ..SnapshotInfo::default() };
 
     // PyTorch's reserved bytes: final value, and the peak replayed backwards.
     let end: u128 = raw.segments.iter().map(|s| u128::from(s.total_size)).sum();
@@ -742,10 +652,7 @@ fn build_events(raw: &RawSnapshot) -> (Vec<Event>, SnapshotInfo) {
                 let id = fresh();
                 if let Some(old) = ids.insert(e.addr, id) {
                     info.anomalies += 1;
-                    events.push(Event::Free {
-                        id: old,
-                        t_us: e.time_us,
-                    });
+                    events.push(Event::Free { id: old, t_us: e.time_us });
                 }
                 events.push(Event::Alloc {
                     id,

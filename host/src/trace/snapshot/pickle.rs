@@ -91,10 +91,9 @@ impl fmt::Display for PickleError {
             PickleError::At { offset, message } => {
                 write!(f, "malformed pickle at byte {offset}: {message}")
             }
-            PickleError::TooManyValues(limit) => write!(
-                f,
-                "the pickle holds more than {limit} values (raise ImportLimits::max_values)"
-            ),
+            PickleError::TooManyValues(limit) => {
+                write!(f, "the pickle holds more than {limit} values (raise ImportLimits::max_values)")
+            }
         }
     }
 }
@@ -270,11 +269,7 @@ pub(crate) fn parse(input: &[u8], max_values: usize) -> Result<Pickle<'_>, Pickl
         max_values,
     };
     let root = p.run()?;
-    Ok(Pickle {
-        input,
-        nodes: p.nodes,
-        root,
-    })
+    Ok(Pickle { input, nodes: p.nodes, root })
 }
 
 struct Parser<'a> {
@@ -296,10 +291,7 @@ type R<T> = Result<T, PickleError>;
 
 impl<'a> Parser<'a> {
     fn fail<T>(&self, message: impl Into<String>) -> R<T> {
-        Err(PickleError::At {
-            offset: self.op_pos,
-            message: message.into(),
-        })
+        Err(PickleError::At { offset: self.op_pos, message: message.into() })
     }
 
     fn spend(&mut self) -> R<()> {
@@ -852,10 +844,7 @@ fn quoted_string(line: &[u8]) -> Option<Result<String, ()>> {
             b't' => out.push(b'\t'),
             b'\\' | b'\'' | b'"' => out.push(e),
             b'x' if i + 2 <= body.len() => {
-                match std::str::from_utf8(&body[i..i + 2])
-                    .ok()
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                {
+                match std::str::from_utf8(&body[i..i + 2]).ok().and_then(|h| u8::from_str_radix(h, 16).ok()) {
                     Some(v) => {
                         out.push(v);
                         i += 2;
@@ -909,10 +898,7 @@ mod tests {
         let d = pk.as_dict(pk.root).unwrap();
         assert_eq!(pk.as_str(d[0].0), Some("a"));
         let l = pk.as_list(d[0].1).unwrap();
-        assert_eq!(
-            l[..3].iter().map(|&v| pk.as_int(v)).collect::<Vec<_>>(),
-            vec![Some(1), Some(-2), Some(1 << 40)]
-        );
+        assert_eq!(l[..3].iter().map(|&v| pk.as_int(v)).collect::<Vec<_>>(), vec![Some(1), Some(-2), Some(1 << 40)]);
         assert_eq!(pk.as_str(l[3]), Some("x"));
         let t = pk.as_list(d[1].1).unwrap();
         assert_eq!(t, &[Val::None, Val::Bool(true), Val::Float(1.5)]);
@@ -936,10 +922,7 @@ mod tests {
         assert_eq!(binary_int(&[]), Val::Int(0));
         assert_eq!(binary_int(&[0xff]), Val::Int(-1));
         assert_eq!(binary_int(&[0x00, 0x80]), Val::Int(-32768));
-        assert_eq!(
-            binary_int(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0x00]),
-            Val::Int(i64::MAX)
-        );
+        assert_eq!(binary_int(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0x00]), Val::Int(i64::MAX));
         assert_eq!(binary_int(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0x00]), Val::BigInt);
         assert_eq!(binary_int(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0xff]), Val::Int(i64::MIN));
         assert_eq!(text_int(b"-12"), Some(Val::Int(-12)));
