@@ -81,12 +81,12 @@ pub fn pytorch_placement(bytes: u64) -> PlacementDecision {
 }
 
 /// PyTorch's reclamation: release every cached segment when the device
-/// refused a segment; release nothing at phase markers.
+/// refused a segment; release nothing before a pool grows or at phase markers.
 pub fn pytorch_reclaim(trigger: &ReclaimTrigger) -> ReclaimDecision {
     ReclaimDecision {
         release_bytes: match trigger {
             ReclaimTrigger::AllocFailed(_) => u64::MAX,
-            ReclaimTrigger::Phase(_) => 0,
+            ReclaimTrigger::Grow(_) | ReclaimTrigger::Phase(_) => 0,
         },
         pools: None,
     }
@@ -124,7 +124,7 @@ pub fn take_until<'a>(need_bytes: u64, ordered: impl IntoIterator<Item = &'a Evi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{AllocFailure, AllocRequest, PhaseMarker, TensorKind, Tier};
+    use crate::types::{AllocRequest, PhaseMarker, SegmentRequest, TensorKind, Tier};
 
     #[test]
     fn pytorch_size_classes() {
@@ -150,11 +150,14 @@ mod tests {
 
     #[test]
     fn pytorch_reclamation() {
-        let failed = ReclaimTrigger::AllocFailed(AllocFailure {
+        let failed = ReclaimTrigger::AllocFailed(SegmentRequest {
             request: AllocRequest { bytes: 1, kind: TensorKind::Temp, stream_id: 0 },
             segment_bytes: 2 * MIB,
         });
         assert_eq!(pytorch_reclaim(&failed).release_bytes, u64::MAX);
+        if let ReclaimTrigger::AllocFailed(r) = failed {
+            assert_eq!(pytorch_reclaim(&ReclaimTrigger::Grow(r)).release_bytes, 0);
+        }
         let phase = ReclaimTrigger::Phase(PhaseMarker { phase: crate::types::Phase::Backward, step: 3 });
         assert_eq!(pytorch_reclaim(&phase).release_bytes, 0);
     }

@@ -2,23 +2,28 @@
 //! expected lifetimes never share a segment.
 //!
 //! A port of the engine's native `lifecycle` policy set
-//! (`host/src/builtin/lifecycle.rs` for placement, PyTorch's reclamation),
-//! decision for decision.
+//! (`host/src/builtin/lifecycle.rs`: `LifecyclePlacement` and
+//! `LifecycleReclamation`), decision for decision.
 //!
 //! Classes: *persistent* (parameters, optimizer states: allocated once, live
 //! for the run), *per-step* (gradients: born in backward, dead after the
 //! optimizer step), *transient* (activations, temporaries, everything else).
-//! Each class has a pool for small requests (≤ 1 MiB, 2 MiB segments) and
-//! one for larger ones:
-//! - persistent and per-step blocks are not freed out of order within a
-//!   step, so they are packed tightly: every block splits (≥ 512 B remain)
-//!   and segments grow by at least `packed_chunk` bytes;
-//! - transient blocks churn, so segments are sized to the request (rounded to
-//!   2 MiB) and a block is split only when more than 1 MiB would remain.
+//! Pools: `persistent`, `step`, `transient.small` (≤ 1 MiB, 2 MiB segments)
+//! and `transient`.
+//! - persistent and per-step blocks are not freed out of order within their
+//!   lifetime, so they are packed tightly, small ones with large ones: every
+//!   block splits (≥ 512 B remain) and segments grow by at least
+//!   `packed_chunk` bytes;
+//! - transient blocks churn, so large ones get segments sized to the request
+//!   (rounded to 2 MiB) and split only when more than 1 MiB would remain.
+//!
+//! Separate pools cannot lend each other cached blocks, so before a pool
+//! grows by a segment the policy releases as many bytes of entirely free
+//! cached segments (of any pool); when the device refuses a segment it
+//! releases everything cached; at phase markers nothing.
 //!
 //! Configuration (`lifecycle.init`): `packed_chunk=SIZE` (bytes, or with a
-//! KiB/MiB/GiB suffix; default `20MiB`). Reclamation: PyTorch's (release all
-//! cached segments when the device refuses one). No state.
+//! KiB/MiB/GiB suffix; default `20MiB`). No state.
 
 #![cfg_attr(all(target_arch = "wasm32", not(test)), no_std)]
 
@@ -47,8 +52,8 @@ impl LifecycleClass {
     }
 }
 
-/// Pool names, indexed by `2 × class + (large ? 1 : 0)`.
-const POOLS: [&str; 6] = ["persistent.small", "persistent", "step.small", "step", "transient.small", "transient"];
+/// Pool names; decisions index this list.
+const POOLS: [&str; 4] = ["persistent", "step", "transient.small", "transient"];
 
 /// The policy.
 #[derive(Debug, Clone, Copy)]
@@ -68,18 +73,16 @@ impl Lifecycle {
     pub fn decide(&self, req: &AllocRequest) -> PlacementDecision {
         let class = LifecycleClass::of(req.kind);
         let small = req.bytes <= MIB;
-        let base = match class {
+        let pool = match class {
             LifecycleClass::Persistent => 0,
-            LifecycleClass::PerStep => 2,
-            LifecycleClass::Transient => 4,
+            LifecycleClass::PerStep => 1,
+            LifecycleClass::Transient if small => 2,
+            LifecycleClass::Transient => 3,
         };
-        let pool = base + u32::from(!small);
-        let (segment_min, split_min_remainder) = if small {
-            (2 * MIB, 512)
-        } else if class == LifecycleClass::Transient {
-            (0, MIB + 1)
-        } else {
-            (self.packed_chunk, 512)
+        let (segment_min, split_min_remainder) = match class {
+            LifecycleClass::Transient if small => (2 * MIB, 512),
+            LifecycleClass::Transient => (0, MIB + 1),
+            LifecycleClass::Persistent | LifecycleClass::PerStep => (self.packed_chunk, 512),
         };
         PlacementDecision {
             pool,
@@ -116,7 +119,16 @@ impl Placement for Lifecycle {
     }
 }
 
-impl Reclamation for Lifecycle {}
+impl Reclamation for Lifecycle {
+    fn reclaim(&mut self, trigger: &ReclaimTrigger, _ctx: &PolicyContext) -> ReclaimDecision {
+        let release_bytes = match trigger {
+            ReclaimTrigger::Grow(r) => r.segment_bytes,
+            ReclaimTrigger::AllocFailed(_) => u64::MAX,
+            ReclaimTrigger::Phase(_) => 0,
+        };
+        ReclaimDecision { release_bytes, pools: None }
+    }
+}
 
 export!(Lifecycle: placement, reclamation);
 
@@ -132,17 +144,36 @@ mod tests {
     fn pools_by_class_and_size() {
         let p = Lifecycle::default();
         let d = p.decide(&req(100, TensorKind::Param));
-        assert_eq!((d.pool, d.segment_min, d.split_min_remainder), (0, 2 * MIB, 512));
+        assert_eq!((d.pool, d.segment_min, d.split_min_remainder), (0, 20 * MIB, 512));
         let d = p.decide(&req(4 * MIB, TensorKind::Optim));
-        assert_eq!((d.pool, d.segment_min, d.split_min_remainder), (1, 20 * MIB, 512));
-        let d = p.decide(&req(MIB, TensorKind::Grad));
-        assert_eq!(d.pool, 2);
-        let d = p.decide(&req(MIB + 1, TensorKind::Grad));
-        assert_eq!((d.pool, d.segment_min), (3, 20 * MIB));
+        assert_eq!((d.pool, d.segment_min, d.split_min_remainder), (0, 20 * MIB, 512));
+        assert_eq!(p.decide(&req(MIB, TensorKind::Grad)).pool, 1);
+        assert_eq!(p.decide(&req(MIB + 1, TensorKind::Grad)).pool, 1);
+        let d = p.decide(&req(MIB, TensorKind::Temp));
+        assert_eq!((d.pool, d.segment_min, d.split_min_remainder), (2, 2 * MIB, 512));
         let d = p.decide(&req(64 * MIB, TensorKind::Activation));
-        assert_eq!((d.pool, d.segment_min, d.split_min_remainder), (5, 0, MIB + 1));
-        assert_eq!(p.decide(&req(1, TensorKind::Other)).pool, 4);
-        assert_eq!(p.pools().len(), 6);
+        assert_eq!((d.pool, d.segment_min, d.split_min_remainder), (3, 0, MIB + 1));
+        assert_eq!(p.decide(&req(1, TensorKind::Other)).pool, 2);
+        assert_eq!(p.pools().len(), 4);
+    }
+
+    #[test]
+    fn reclaims_before_growing() {
+        let mut p = Lifecycle::default();
+        let r = SegmentRequest { request: req(3 * MIB, TensorKind::Activation), segment_bytes: 4 * MIB };
+        let ctx = PolicyContext {
+            clock: 0,
+            phase: None,
+            step: 0,
+            live_bytes: 0,
+            allocated_bytes: 0,
+            reserved_bytes: 0,
+            capacity_bytes: 0,
+        };
+        assert_eq!(p.reclaim(&ReclaimTrigger::Grow(r), &ctx).release_bytes, 4 * MIB);
+        assert_eq!(p.reclaim(&ReclaimTrigger::AllocFailed(r), &ctx).release_bytes, u64::MAX);
+        let marker = ReclaimTrigger::Phase(PhaseMarker { phase: Phase::StepEnd, step: 1 });
+        assert_eq!(p.reclaim(&marker, &ctx).release_bytes, 0);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! High-watermark reclamation as a wasmem policy.
 //!
 //! - When the device refuses a segment, release every cached segment (as
-//!   PyTorch does).
+//!   PyTorch does); before a pool grows, release nothing.
 //! - At a phase marker, when the bytes obtained from the device exceed
 //!   `high × capacity`, release cached (reserved but unallocated) bytes down
 //!   to the watermark: `min(reserved − high × capacity, reserved − allocated)`.
@@ -81,6 +81,7 @@ impl Reclamation for WatermarkReclaim {
     fn reclaim(&mut self, trigger: &ReclaimTrigger, ctx: &PolicyContext) -> ReclaimDecision {
         let release_bytes = match trigger {
             ReclaimTrigger::AllocFailed(_) => u64::MAX,
+            ReclaimTrigger::Grow(_) => 0,
             ReclaimTrigger::Phase(marker) => {
                 if self.phase.is_some_and(|p| p != marker.phase) {
                     0
@@ -136,11 +137,15 @@ mod tests {
     #[test]
     fn alloc_failure_releases_all() {
         let mut p = WatermarkReclaim::default();
-        let t = ReclaimTrigger::AllocFailed(AllocFailure {
+        let t = ReclaimTrigger::AllocFailed(SegmentRequest {
             request: AllocRequest { bytes: MIB, kind: TensorKind::Activation, stream_id: 0 },
             segment_bytes: 2 * MIB,
         });
         assert_eq!(p.reclaim(&t, &ctx(0, 0)).release_bytes, u64::MAX);
+        if let ReclaimTrigger::AllocFailed(r) = t {
+            let grow = ReclaimTrigger::Grow(r);
+            assert_eq!(p.reclaim(&grow, &ctx(90 * MIB, 0)).release_bytes, 0);
+        }
     }
 
     #[test]
