@@ -32,5 +32,6 @@ pub mod decision;
 pub mod device;
 pub mod replay;
 pub mod report;
+pub mod synth;
 pub mod trace;
 pub mod types;
