@@ -8,8 +8,10 @@
 //! - [`sim::SimDevice`]: the embedded default. Accounts bytes against a
 //!   configured capacity, charges a cost model so replays report simulated
 //!   time, and can back memory with host bytes so contents can be checked.
-//! - `cuda` (a later backend): the same operations through `cudarc`.
+//! - [`cuda::CudaDevice`]: the same operations on a real GPU through `cudarc`
+//!   (driver loaded at run time; a clean error where there is none).
 
+pub mod cuda;
 pub mod sim;
 
 use crate::types::StreamId;
