@@ -50,27 +50,27 @@ export function parseConfig(text) {
 
 // Candidates are WIT eviction-candidate records as componentize-js lifts
 // them: u64 fields are BigInt, `kind` is the case name ('param', …).
-// Returns the victims' ids (BigInt) in eviction order.
+// Returns the victims' ids (BigInt) in eviction order. Sizes and clocks are
+// scored as Numbers (exact below 2^53); ids stay BigInt.
 export function chooseVictims(weights, needBytes, candidates, clock) {
+  const now = Number(clock);
   const scored = [];
   for (const c of candidates) {
     if (c.inUse || c.pinned) continue;
-    const staleness = clock >= c.lastUse ? clock - c.lastUse + 1n : 1n;
-    const score =
-      (Number(c.bytes) * Number(staleness) * (weights[c.kind] ?? 1)) / (1 + Number(c.useCount));
-    scored.push({ c, score });
+    const lastUse = Number(c.lastUse);
+    const bytes = Number(c.bytes);
+    const staleness = now >= lastUse ? now - lastUse + 1 : 1;
+    const score = (bytes * staleness * (weights[c.kind] ?? 1)) / (1 + Number(c.useCount));
+    scored.push({ id: c.id, bytes, lastUse, score });
   }
-  scored.sort((a, b) => {
-    if (a.score !== b.score) return b.score - a.score;
-    if (a.c.lastUse !== b.c.lastUse) return a.c.lastUse < b.c.lastUse ? -1 : 1;
-    return a.c.id < b.c.id ? -1 : a.c.id > b.c.id ? 1 : 0;
-  });
+  scored.sort((a, b) => b.score - a.score || a.lastUse - b.lastUse || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+  const need = Number(needBytes);
   const victims = [];
-  let got = 0n;
-  for (const { c } of scored) {
-    if (got >= needBytes) break;
-    got += c.bytes;
-    victims.push(c.id);
+  let got = 0;
+  for (const s of scored) {
+    if (got >= need) break;
+    got += s.bytes;
+    victims.push(s.id);
   }
   return victims;
 }

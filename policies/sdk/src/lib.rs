@@ -10,7 +10,7 @@
 //! eviction — so a policy overrides only what it changes. [`export!`] exports
 //! the struct as a component of the roles it names:
 //!
-//! ```ignore
+//! ```
 //! #![cfg_attr(all(target_arch = "wasm32", not(test)), no_std)]
 //! use wasmem_policy_sdk::prelude::*;
 //!
@@ -33,6 +33,7 @@
 //! }
 //!
 //! export!(NoSplit: placement);
+//! # fn main() {}
 //! ```
 //!
 //! The crate must be a `cdylib`, and `no_std` on wasm32
@@ -172,7 +173,7 @@ macro_rules! export {
     ($ty:ty : $($role:ident),+ $(,)?) => {
         const _: () = {
             #[doc(hidden)]
-            pub struct __WasmemPolicyExport;
+            struct __WasmemPolicyExport;
 
             static __WASMEM_POLICY: $crate::__private::Slot<$ty> = $crate::__private::Slot::new();
 
