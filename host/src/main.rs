@@ -191,21 +191,15 @@ impl Input {
 }
 
 fn inputs(common: &Common) -> Result<Vec<Input>> {
-    let v: Vec<Input> = common
-        .traces
-        .iter()
-        .cloned()
-        .map(Input::File)
-        .chain(common.synth.iter().cloned().map(Input::Synth))
-        .collect();
+    let v: Vec<Input> =
+        common.traces.iter().cloned().map(Input::File).chain(common.synth.iter().cloned().map(Input::Synth)).collect();
     if v.is_empty() {
         bail!("give at least one trace file or --synth PRESET");
     }
     for i in &v {
         if let Input::Synth(p) = i {
-            ModelSpec::preset(p).with_context(|| {
-                format!("unknown preset `{p}`: presets are {}", ModelSpec::PRESETS.join(", "))
-            })?;
+            ModelSpec::preset(p)
+                .with_context(|| format!("unknown preset `{p}`: presets are {}", ModelSpec::PRESETS.join(", ")))?;
         }
     }
     Ok(v)
@@ -286,10 +280,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Synth { model, output } => {
             let spec = model.spec()?;
             let events = synth(&spec).map_err(|e| anyhow::anyhow!(e))?;
-            let header = TraceHeader {
-                source: format!("wasmem synth: {}", serde_json::to_string(&spec)?),
-                ranks: 1,
-            };
+            let header = TraceHeader { source: format!("wasmem synth: {}", serde_json::to_string(&spec)?), ranks: 1 };
             let mut w = FileTraceWriter::create(&output, &header)
                 .with_context(|| format!("cannot write {}", output.display()))?;
             for e in &events {
