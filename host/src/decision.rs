@@ -46,6 +46,8 @@ pub struct PolicyContext {
     pub allocated_bytes: u64,
     /// Bytes obtained from the device.
     pub reserved_bytes: u64,
+    /// Peak of `reserved_bytes` so far (the high-water mark).
+    pub peak_reserved_bytes: u64,
     /// Device capacity in bytes.
     pub capacity_bytes: u64,
 }

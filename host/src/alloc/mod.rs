@@ -328,6 +328,7 @@ impl<D: Device> Allocator<D> {
             live_bytes: g.live_bytes,
             allocated_bytes: g.allocated_bytes,
             reserved_bytes: g.reserved_bytes,
+            peak_reserved_bytes: g.peak_reserved_bytes,
             capacity_bytes: self.device.capacity(),
         }
     }
