@@ -168,6 +168,7 @@ mod tests {
             live_bytes: 0,
             allocated_bytes: 0,
             reserved_bytes: 0,
+            peak_reserved_bytes: 0,
             capacity_bytes: 0,
         };
         assert_eq!(p.reclaim(&ReclaimTrigger::Grow(r), &ctx).release_bytes, 4 * MIB);

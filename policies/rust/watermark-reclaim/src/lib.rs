@@ -112,6 +112,7 @@ mod tests {
             live_bytes: allocated,
             allocated_bytes: allocated,
             reserved_bytes: reserved,
+            peak_reserved_bytes: reserved,
             capacity_bytes: 100 * MIB,
         }
     }
