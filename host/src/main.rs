@@ -14,7 +14,7 @@ use wasmem::replay::{replay_with, Metrics, ReplayConfig};
 use wasmem::report;
 use wasmem::synth::{synth, ModelSpec, Optimizer};
 use wasmem::trace::Event;
-use wasmem::trace::{FileTraceWriter, TraceHeader, TraceReader};
+use wasmem::trace::{snapshot, FileTraceWriter, TraceHeader, TraceReader};
 use wasmem::types::parse_size;
 
 /// wasmem: a GPU memory engine whose decisions are made by WebAssembly policies.
@@ -34,6 +34,10 @@ enum Command {
         /// Policy: a built-in name (naive, pytorch, lifecycle).
         #[arg(long, default_value = "lifecycle")]
         policy: String,
+        /// Write the replay's final state and actions as a PyTorch memory
+        /// snapshot (for `torch.cuda._memory_viz`); one input only.
+        #[arg(long)]
+        export_snapshot: Option<PathBuf>,
     },
     /// Replay traces under several policies side by side.
     Compare {
@@ -141,7 +145,8 @@ impl ModelArgs {
 
 #[derive(Args)]
 struct Common {
-    /// Trace files (trace v1 `.jsonl` or `.jsonl.gz`).
+    /// Trace files (trace v1 `.jsonl` or `.jsonl.gz`) or PyTorch memory
+    /// snapshots (`.pickle` from `torch.cuda.memory._dump_snapshot`).
     traces: Vec<PathBuf>,
     /// Also replay a synthesized workload of this preset (repeat; see `wasmem synth`).
     #[arg(long = "synth")]
@@ -177,6 +182,10 @@ impl Input {
 
     fn events(&self) -> Result<Box<dyn Iterator<Item = Result<Event, String>> + Send>> {
         Ok(match self {
+            Input::File(p) if is_snapshot(p) => {
+                let snap = snapshot::import_file(p, &snapshot::ImportOptions::default())?;
+                Box::new(snap.events.into_iter().map(Ok))
+            }
             Input::File(p) => {
                 let r = TraceReader::open(p).with_context(|| format!("cannot read {}", p.display()))?;
                 Box::new(r.map(|e| e.map_err(|e| e.to_string())))
@@ -188,6 +197,29 @@ impl Input {
             }
         })
     }
+}
+
+fn is_snapshot(p: &std::path::Path) -> bool {
+    p.extension().is_some_and(|e| e == "pickle" || e == "pkl")
+}
+
+/// PyTorch's own figures for a snapshot input, shown beside each replay.
+fn pytorch_figures(input: &Input) -> Result<Option<snapshot::SnapshotInfo>> {
+    match input {
+        Input::File(p) if is_snapshot(p) => {
+            Ok(Some(snapshot::import_file(p, &snapshot::ImportOptions::default())?.info))
+        }
+        _ => Ok(None),
+    }
+}
+
+fn pytorch_line(info: &snapshot::SnapshotInfo) -> String {
+    format!(
+        "recorded by PyTorch itself: reserved {} at the end of the snapshot, peak over the window {} ({} segments)",
+        wasmem::types::human_bytes(info.pytorch_reserved_bytes_end),
+        wasmem::types::human_bytes(info.pytorch_peak_reserved_bytes),
+        info.segments
+    )
 }
 
 fn inputs(common: &Common) -> Result<Vec<Input>> {
@@ -206,9 +238,20 @@ fn inputs(common: &Common) -> Result<Vec<Input>> {
 }
 
 fn run_one(input: &Input, policy: &str, common: &Common, progress: bool) -> Result<Metrics> {
+    run_full(input, policy, common, progress, None)
+}
+
+fn run_full(
+    input: &Input,
+    policy: &str,
+    common: &Common,
+    progress: bool,
+    export: Option<&std::path::Path>,
+) -> Result<Metrics> {
     let reader = input.events()?;
     let cfg = ReplayConfig {
         device: SimConfig { capacity: common.device_mem, ..SimConfig::default() },
+        record_actions: export.is_some(),
         ..Default::default()
     };
     let alloc = wasmem::alloc::Allocator::new(wasmem::device::sim::SimDevice::new(cfg.device), policies_for(policy)?);
@@ -226,27 +269,49 @@ fn run_one(input: &Input, policy: &str, common: &Common, progress: bool) -> Resu
     if let Some(b) = bar {
         b.finish_and_clear();
     }
+    let mut r = r;
+    if let Some(path) = export {
+        let snap = wasmem::replay::snapshot_of(&mut r.allocator);
+        snapshot::export::export_file(path, &snap).with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!(
+            "wrote snapshot {} ({} segments, {} trace entries)",
+            path.display(),
+            snap.segments.len(),
+            snap.trace.len()
+        );
+    }
     Ok(r.metrics)
 }
 
 fn json_line(input: &Input, policy: &str, m: &Metrics) -> Result<String> {
     let mut v = serde_json::to_value(m)?;
     v["trace"] = input.name().into();
+    if let Some(info) = pytorch_figures(input)? {
+        v["pytorch_reserved_bytes_end"] = info.pytorch_reserved_bytes_end.into();
+        v["pytorch_peak_reserved_bytes"] = info.pytorch_peak_reserved_bytes.into();
+    }
     v["policy"] = policy.into();
     Ok(serde_json::to_string(&v)?)
 }
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Command::Replay { common, policy } => {
+        Command::Replay { common, policy, export_snapshot } => {
             policies_for(&policy)?;
             let progress = !common.json && std::io::stderr().is_terminal();
-            for t in &inputs(&common)? {
-                let m = run_one(t, &policy, &common, progress)?;
+            let ins = inputs(&common)?;
+            if export_snapshot.is_some() && ins.len() != 1 {
+                bail!("--export-snapshot takes exactly one input ({} given)", ins.len());
+            }
+            for t in &ins {
+                let m = run_full(t, &policy, &common, progress, export_snapshot.as_deref())?;
                 if common.json {
                     println!("{}", json_line(t, &policy, &m)?);
                 } else {
                     println!("{}", report::summary(&t.name(), &policy, &m));
+                    if let Some(info) = pytorch_figures(t)? {
+                        println!("{}", pytorch_line(&info));
+                    }
                 }
             }
         }
@@ -274,6 +339,9 @@ fn run(cli: Cli) -> Result<()> {
                 }
                 if !common.json {
                     println!("{}", report::comparison_table(&format!("== {} ==", t.name()), &cols));
+                    if let Some(info) = pytorch_figures(t)? {
+                        println!("{}\n", pytorch_line(&info));
+                    }
                 }
             }
         }

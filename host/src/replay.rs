@@ -9,10 +9,13 @@ use std::time::Instant;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
-use crate::alloc::{AllocError, Allocator, Stats};
+use crate::alloc::{ActionKind, AllocError, Allocator, Stats};
 use crate::builtin::Policies;
 use crate::device::sim::{SimConfig, SimDevice};
 use crate::device::Device;
+use crate::trace::snapshot::export::{
+    BlockState, ExportBlock, ExportInput, ExportSegment, ExportTraceEntry, TraceAction,
+};
 use crate::trace::Event;
 use crate::types::{StreamId, TensorId, GIB};
 
@@ -245,4 +248,52 @@ fn fill<D: Device>(m: &mut Metrics, s: &Stats, dev: &D) {
     m.reclaimed_bytes = s.reclaimed_bytes;
     m.device_time_us = dev.counters().time_us;
     m.device_capacity_bytes = dev.capacity();
+}
+
+/// The state and recorded actions of a replay in PyTorch's snapshot shape,
+/// ready for [`crate::trace::snapshot::export::export_file`]. Needs
+/// [`ReplayConfig::record_actions`] for the trace part.
+pub fn snapshot_of<D: Device>(alloc: &mut Allocator<D>) -> ExportInput {
+    let segments = alloc
+        .segment_views()
+        .into_iter()
+        .map(|s| ExportSegment {
+            address: s.base,
+            total_size: s.size,
+            stream: s.stream.0,
+            blocks: s
+                .blocks
+                .iter()
+                .map(|&(off, size, t)| ExportBlock {
+                    address: s.base + off,
+                    size,
+                    requested_size: t.map_or(0, |t| t.0),
+                    state: if t.is_some() { BlockState::ActiveAllocated } else { BlockState::Inactive },
+                    kind: t.map(|t| t.1),
+                })
+                .collect(),
+        })
+        .collect();
+    let mut trace = Vec::new();
+    for a in alloc.take_actions() {
+        let entry = |action| ExportTraceEntry {
+            action,
+            addr: a.addr,
+            size: a.size,
+            stream: a.stream.0,
+            time_us: a.clock,
+            kind: a.tensor_kind,
+        };
+        match a.kind {
+            ActionKind::Alloc => trace.push(entry(TraceAction::Alloc)),
+            ActionKind::Free => {
+                // Frees complete at once (no cross-stream deferral yet).
+                trace.push(entry(TraceAction::FreeRequested));
+                trace.push(entry(TraceAction::FreeCompleted));
+            }
+            ActionKind::SegmentAlloc => trace.push(entry(TraceAction::SegmentAlloc)),
+            ActionKind::SegmentFree => trace.push(entry(TraceAction::SegmentFree)),
+        }
+    }
+    ExportInput { device: 0, segments, trace }
 }

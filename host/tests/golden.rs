@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use wasmem::builtin;
 use wasmem::replay::{replay, Metrics, ReplayConfig};
+use wasmem::trace::snapshot::{import_file, ImportOptions};
 use wasmem::trace::TraceReader;
 
 fn traces_dir() -> Option<PathBuf> {
@@ -104,5 +105,35 @@ fn replays_are_deterministic() {
             }
             assert_eq!(a, b, "{p} on {}", t.display());
         }
+    }
+}
+
+#[test]
+fn pytorch_snapshots_lifecycle_not_worse() {
+    let Some(d) = traces_dir() else { return };
+    for name in ["pytorch-snapshot-a.pickle", "pytorch-snapshot-b.pickle"] {
+        let p = d.join(name);
+        if !p.exists() {
+            eprintln!("skipping: {} not found", p.display());
+            continue;
+        }
+        let snap = import_file(&p, &ImportOptions::default()).unwrap();
+        let run = |policy: &str| {
+            let ev = snap.events.iter().cloned().map(Ok::<_, String>);
+            let r = replay(ev, builtin::by_name(policy).unwrap(), &ReplayConfig::default()).unwrap();
+            r.allocator.check_invariants().unwrap();
+            r.metrics
+        };
+        let (naive, pytorch, lifecycle) = (run("naive"), run("pytorch"), run("lifecycle"));
+        eprintln!(
+            "{name}: live {} naive {} pytorch {} lifecycle {} (PyTorch recorded {})",
+            naive.peak_live_bytes,
+            naive.peak_reserved_bytes,
+            pytorch.peak_reserved_bytes,
+            lifecycle.peak_reserved_bytes,
+            snap.info.pytorch_reserved_bytes_end
+        );
+        assert!(naive.peak_reserved_bytes >= naive.peak_live_bytes);
+        assert!(lifecycle.peak_reserved_bytes <= pytorch.peak_reserved_bytes, "{name}");
     }
 }

@@ -151,6 +151,8 @@ pub struct Action {
     pub stream: StreamId,
     /// Logical clock.
     pub clock: u64,
+    /// Kind of the tensor (for `Alloc` and `Free`).
+    pub tensor_kind: Option<TensorKind>,
 }
 
 /// A read-only view of one segment and its blocks, lowest address first.
@@ -164,8 +166,8 @@ pub struct SegmentView {
     pub pool: String,
     /// Stream.
     pub stream: StreamId,
-    /// `(offset, size, requested bytes if allocated)` per block.
-    pub blocks: Vec<(u64, u64, Option<u64>)>,
+    /// `(offset, size, (requested bytes, kind) if allocated)` per block.
+    pub blocks: Vec<(u64, u64, Option<(u64, TensorKind)>)>,
 }
 
 /// The caching allocator over a device `D`.
@@ -276,9 +278,9 @@ impl<D: Device> Allocator<D> {
     }
 
     #[inline]
-    fn record(&mut self, kind: ActionKind, addr: DevicePtr, size: u64, stream: StreamId) {
+    fn record(&mut self, kind: ActionKind, addr: DevicePtr, size: u64, stream: StreamId, t: Option<TensorKind>) {
         if let Some(r) = self.recorder.as_mut() {
-            r.push(Action { kind, addr, size, stream, clock: self.clock });
+            r.push(Action { kind, addr, size, stream, clock: self.clock, tensor_kind: t });
         }
     }
 
@@ -395,7 +397,7 @@ impl<D: Device> Allocator<D> {
         self.pools[pool].gauges.add_live(bytes, size);
         if self.recorder.is_some() {
             let addr = self.segments.get(b.segment).base + b.offset;
-            self.record(ActionKind::Alloc, addr, bytes, stream);
+            self.record(ActionKind::Alloc, addr, bytes, stream, Some(kind));
         }
         Ok(id)
     }
@@ -456,7 +458,7 @@ impl<D: Device> Allocator<D> {
         self.segments.get_mut(seg).first = block;
         self.stats.bytes.add_reserved(segment_bytes);
         self.pools[pool as usize].gauges.add_reserved(segment_bytes);
-        self.record(ActionKind::SegmentAlloc, base, segment_bytes, req.stream);
+        self.record(ActionKind::SegmentAlloc, base, segment_bytes, req.stream, None);
         Ok(block)
     }
 
@@ -476,7 +478,7 @@ impl<D: Device> Allocator<D> {
         self.pools[pool].gauges.sub_live(t.bytes, size);
         if self.recorder.is_some() {
             let addr = seg.base + self.blocks.get(blk).offset;
-            self.record(ActionKind::Free, addr, t.bytes, seg.stream);
+            self.record(ActionKind::Free, addr, t.bytes, seg.stream, Some(t.kind));
         }
         // Merge with the previous block.
         let prev = self.blocks.get(blk).prev;
@@ -601,7 +603,7 @@ impl<D: Device> Allocator<D> {
         self.stats.device_syncs += 1;
         self.stats.bytes.sub_reserved(seg.size);
         self.pools[seg.pool as usize].gauges.sub_reserved(seg.size);
-        self.record(ActionKind::SegmentFree, seg.base, seg.size, seg.stream);
+        self.record(ActionKind::SegmentFree, seg.base, seg.size, seg.stream, None);
         Ok(())
     }
 
@@ -661,7 +663,7 @@ impl<D: Device> Allocator<D> {
                 let mut b = s.first;
                 while b != NIL {
                     let blk = self.blocks.get(b);
-                    let req = self.tensors.by_slot(blk.tensor).map(|(_, t)| t.bytes);
+                    let req = self.tensors.by_slot(blk.tensor).map(|(_, t)| (t.bytes, t.kind));
                     blocks.push((blk.offset, blk.size, if blk.is_free() { None } else { req }));
                     b = blk.next;
                 }

@@ -16,8 +16,9 @@
 //! - persistent and per-step blocks are never freed out of order within a
 //!   step, so they are packed tightly: every block splits, segments grow in
 //!   large chunks and only the tail of the last segment is slack;
-//! - transient blocks churn, so segments are sized to the request (rounded to
-//!   2 MiB) and a block is split only when a large remainder would be left.
+//! - transient blocks churn: small ones share 2 MiB segments, mid-size ones
+//!   (1–10 MiB) 20 MiB segments, large ones get segments of their size rounded
+//!   to 2 MiB, and a large block is split only when more than 1 MiB remains.
 
 use crate::decision::{
     AllocRequest, PlacementDecision, PlacementPolicy, PolicyContext, PolicyError, PoolSpec, ReclaimDecision,
@@ -62,6 +63,18 @@ impl Default for LifecyclePlacement {
 
 const POOLS: [&str; 4] = ["persistent", "step", "transient.small", "transient"];
 
+/// Index in [`POOLS`] of the pool serving `req`. Persistent and per-step
+/// tensors are never freed out of order within their lifetime, so small ones
+/// share the packed pool and fill the tails that large ones leave.
+fn pool_of(req: &AllocRequest) -> usize {
+    match LifecycleClass::of(req.kind) {
+        LifecycleClass::Persistent => 0,
+        LifecycleClass::PerStep => 1,
+        LifecycleClass::Transient if req.bytes <= MIB => 2,
+        LifecycleClass::Transient => 3,
+    }
+}
+
 impl PlacementPolicy for LifecyclePlacement {
     fn name(&self) -> &str {
         "lifecycle"
@@ -74,15 +87,7 @@ impl PlacementPolicy for LifecyclePlacement {
     fn place(&mut self, req: &AllocRequest, _ctx: &PolicyContext) -> Result<PlacementDecision, PolicyError> {
         let class = LifecycleClass::of(req.kind);
         let small = req.bytes <= MIB;
-        // Persistent and per-step tensors are never freed out of order within
-        // their lifetime, so small ones share the packed pool and fill the
-        // tails that large ones leave.
-        let pool = match class {
-            LifecycleClass::Persistent => 0,
-            LifecycleClass::PerStep => 1,
-            LifecycleClass::Transient if small => 2,
-            LifecycleClass::Transient => 3,
-        };
+        let pool = pool_of(req) as u32;
         let mut d = if small && class == LifecycleClass::Transient {
             PlacementDecision {
                 pool,
@@ -97,7 +102,9 @@ impl PlacementPolicy for LifecyclePlacement {
             PlacementDecision {
                 pool,
                 round_to: 512,
-                segment_min: 0,
+                // Mid-size transients share 20 MiB segments (as in PyTorch): exact
+                // segments for them cannot be merged for later, larger requests.
+                segment_min: if req.bytes < 10 * MIB { 20 * MIB } else { 0 },
                 segment_round: 2 * MIB,
                 split_min_remainder: MIB + 1,
                 max_waste: u64::MAX,
@@ -121,9 +128,11 @@ impl PlacementPolicy for LifecyclePlacement {
 }
 
 /// Reclamation for lifecycle pools: a pool that must grow first takes back
-/// memory that other pools cache in entirely free segments (segments of one
-/// lifetime class cannot serve another), so separating classes does not raise
-/// the reserved total. On a failed device allocation everything cached goes.
+/// memory that the *other* pools cache in entirely free segments (segments of
+/// one lifetime class cannot serve another), so separating classes does not
+/// raise the reserved total. The growing pool keeps its own cache: releasing
+/// it too was measured worse on PyTorch snapshots (overhead 1.092 against
+/// 1.068 on snapshot b). On a failed device allocation everything cached goes.
 ///
 /// The price is device frees (each a synchronization on CUDA) whenever pools
 /// trade memory, also in steady state. Releasing only above the high-water
@@ -140,8 +149,10 @@ impl ReclamationPolicy for LifecycleReclamation {
 
     fn reclaim(&mut self, trigger: &ReclaimTrigger, _ctx: &PolicyContext) -> Result<ReclaimDecision, PolicyError> {
         Ok(match trigger {
-            ReclaimTrigger::Grow { segment_bytes, .. } => {
-                ReclaimDecision { release_bytes: *segment_bytes, pools: None }
+            ReclaimTrigger::Grow { request, segment_bytes } => {
+                let own = pool_of(request);
+                let others = POOLS.iter().enumerate().filter(|&(i, _)| i != own).map(|(_, n)| n.to_string());
+                ReclaimDecision { release_bytes: *segment_bytes, pools: Some(others.collect()) }
             }
             ReclaimTrigger::AllocFailed { .. } => ReclaimDecision::all(),
             ReclaimTrigger::Phase { .. } => ReclaimDecision::none(),
