@@ -121,8 +121,9 @@ impl PlacementPolicy for LifecyclePlacement {
                 cacheable: true,
             }
         };
-        // The memo keys on log2 size classes: [1 MiB, 2 MiB) straddles the small/large boundary.
-        d.cacheable = !(MIB..2 * MIB).contains(&req.bytes);
+        // The memo keys on log2 size classes: [1, 2) MiB straddles the small/large
+        // boundary and [8, 16) MiB the 10 MiB one.
+        d.cacheable = !(MIB..2 * MIB).contains(&req.bytes) && !(8 * MIB..16 * MIB).contains(&req.bytes);
         Ok(d)
     }
 }

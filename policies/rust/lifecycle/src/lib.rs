@@ -55,6 +55,16 @@ impl LifecycleClass {
 /// Pool names; decisions index this list.
 const POOLS: [&str; 4] = ["persistent", "step", "transient.small", "transient"];
 
+/// Index in `POOLS` of the pool serving `req`.
+fn pool_of(req: &AllocRequest) -> usize {
+    match LifecycleClass::of(req.kind) {
+        LifecycleClass::Persistent => 0,
+        LifecycleClass::PerStep => 1,
+        LifecycleClass::Transient if req.bytes <= MIB => 2,
+        LifecycleClass::Transient => 3,
+    }
+}
+
 /// The policy.
 #[derive(Debug, Clone, Copy)]
 pub struct Lifecycle {
@@ -73,14 +83,10 @@ impl Lifecycle {
     pub fn decide(&self, req: &AllocRequest) -> PlacementDecision {
         let class = LifecycleClass::of(req.kind);
         let small = req.bytes <= MIB;
-        let pool = match class {
-            LifecycleClass::Persistent => 0,
-            LifecycleClass::PerStep => 1,
-            LifecycleClass::Transient if small => 2,
-            LifecycleClass::Transient => 3,
-        };
+        let pool = pool_of(req) as u32;
         let (segment_min, split_min_remainder) = match class {
             LifecycleClass::Transient if small => (2 * MIB, 512),
+            LifecycleClass::Transient if req.bytes < 10 * MIB => (20 * MIB, MIB + 1),
             LifecycleClass::Transient => (0, MIB + 1),
             LifecycleClass::Persistent | LifecycleClass::PerStep => (self.packed_chunk, 512),
         };
@@ -93,7 +99,8 @@ impl Lifecycle {
             max_waste: u64::MAX,
             // The engine memoizes per log2 size class: [1 MiB, 2 MiB) holds
             // sizes on both sides of the small/large boundary.
-            cacheable: !(MIB..2 * MIB).contains(&req.bytes),
+            // Memoized per log2 size class: [1, 2) MiB and [8, 16) MiB straddle boundaries.
+            cacheable: !(MIB..2 * MIB).contains(&req.bytes) && !(8 * MIB..16 * MIB).contains(&req.bytes),
         }
     }
 }
@@ -121,12 +128,16 @@ impl Placement for Lifecycle {
 
 impl Reclamation for Lifecycle {
     fn reclaim(&mut self, trigger: &ReclaimTrigger, _ctx: &PolicyContext) -> ReclaimDecision {
-        let release_bytes = match trigger {
-            ReclaimTrigger::Grow(r) => r.segment_bytes,
-            ReclaimTrigger::AllocFailed(_) => u64::MAX,
-            ReclaimTrigger::Phase(_) => 0,
-        };
-        ReclaimDecision { release_bytes, pools: None }
+        match trigger {
+            // Take back what the *other* pools cache in free segments.
+            ReclaimTrigger::Grow(r) => {
+                let own = pool_of(&r.request);
+                let others = POOLS.iter().enumerate().filter(|&(i, _)| i != own).map(|(_, n)| String::from(*n));
+                ReclaimDecision { release_bytes: r.segment_bytes, pools: Some(others.collect()) }
+            }
+            ReclaimTrigger::AllocFailed(_) => ReclaimDecision { release_bytes: u64::MAX, pools: None },
+            ReclaimTrigger::Phase(_) => ReclaimDecision { release_bytes: 0, pools: None },
+        }
     }
 }
 
@@ -153,6 +164,8 @@ mod tests {
         assert_eq!((d.pool, d.segment_min, d.split_min_remainder), (2, 2 * MIB, 512));
         let d = p.decide(&req(64 * MIB, TensorKind::Activation));
         assert_eq!((d.pool, d.segment_min, d.split_min_remainder), (3, 0, MIB + 1));
+        let d = p.decide(&req(3 * MIB, TensorKind::Activation));
+        assert_eq!((d.pool, d.segment_min, d.split_min_remainder), (3, 20 * MIB, MIB + 1));
         assert_eq!(p.decide(&req(1, TensorKind::Other)).pool, 2);
         assert_eq!(p.pools().len(), 4);
     }
@@ -171,7 +184,9 @@ mod tests {
             peak_reserved_bytes: 0,
             capacity_bytes: 0,
         };
-        assert_eq!(p.reclaim(&ReclaimTrigger::Grow(r), &ctx).release_bytes, 4 * MIB);
+        let d = p.reclaim(&ReclaimTrigger::Grow(r), &ctx);
+        assert_eq!(d.release_bytes, 4 * MIB);
+        assert_eq!(d.pools.unwrap(), ["persistent", "step", "transient.small"]);
         assert_eq!(p.reclaim(&ReclaimTrigger::AllocFailed(r), &ctx).release_bytes, u64::MAX);
         let marker = ReclaimTrigger::Phase(PhaseMarker { phase: Phase::StepEnd, step: 1 });
         assert_eq!(p.reclaim(&marker, &ctx).release_bytes, 0);
