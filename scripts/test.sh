@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The test command: builds the shipped policies (WebAssembly components), then
-# runs every test of the workspace in one (release) profile.
+# The test command: builds the shipped policies (WebAssembly components, with
+# the toolchains policies/build.sh installs when missing), runs the policies'
+# own tests (Rust SDK and policies natively, Python, JavaScript), then every
+# test of the engine workspace in one (release) profile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ -x policies/build.sh ]; then
-  bash policies/build.sh
-fi
+bash policies/build.sh
+(cd policies && cargo test --quiet --locked)
+(cd policies/python && python3 -m unittest --quiet)
+(cd policies/js && npm test --silent)
 cargo test --release --workspace "$@"
