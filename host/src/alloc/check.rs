@@ -88,6 +88,7 @@ impl<D: Device> Allocator<D> {
         }
         let mut total = Gauges::default();
         for (i, p) in self.pools.iter().enumerate() {
+            p.free.check().map_err(|e| format!("pool {}: {e}", p.name))?;
             if p.free.len() != free_count[i] {
                 return Err(format!(
                     "pool {} indexes {} free blocks but {} exist",

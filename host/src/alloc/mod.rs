@@ -25,6 +25,7 @@
 //! that releasing everything cached could not make room.
 
 mod check;
+mod free_index;
 mod handles;
 mod policies;
 mod pool;

@@ -5,14 +5,9 @@
 //!   the key `(stream, size, address, block)` of its current state;
 //! - the pool's gauges count only its own segments and blocks.
 
-use std::collections::BTreeSet;
-
+pub use super::free_index::{FreeIndex, FreeKey};
 use super::stats::Gauges;
 use crate::types::StreamId;
-
-/// Key of a free block: ordered by stream, then size, then address (best fit,
-/// lowest address first among equals), as in PyTorch's allocator.
-pub type FreeKey = (StreamId, u64, u64, u32);
 
 /// One pool of the allocator.
 #[derive(Debug, Clone)]
@@ -21,8 +16,9 @@ pub struct Pool {
     pub name: String,
     /// Release a segment as soon as it is entirely free.
     pub release_when_empty: bool,
-    /// Free blocks.
-    pub free: BTreeSet<FreeKey>,
+    /// Free blocks, ordered by stream, then size, then address (best fit,
+    /// lowest address first among equals), as in PyTorch's allocator.
+    pub free: FreeIndex,
     /// Byte gauges of this pool.
     pub gauges: Gauges,
 }
@@ -30,15 +26,14 @@ pub struct Pool {
 impl Pool {
     /// An empty pool.
     pub fn new(name: &str, release_when_empty: bool) -> Self {
-        Pool { name: name.to_string(), release_when_empty, free: BTreeSet::new(), gauges: Gauges::default() }
+        Pool { name: name.to_string(), release_when_empty, free: FreeIndex::default(), gauges: Gauges::default() }
     }
 
     /// The smallest free block on `stream` of at least `size` bytes and at
     /// most `size + max_waste` bytes.
     #[inline]
     pub fn best_fit(&self, stream: StreamId, size: u64, max_waste: u64) -> Option<FreeKey> {
-        let k = self.free.range((stream, size, 0, 0)..).next().copied()?;
-        (k.0 == stream && k.1 <= size.saturating_add(max_waste)).then_some(k)
+        self.free.best_fit(stream, size, max_waste)
     }
 
     /// Free bytes cached in this pool.
