@@ -6,10 +6,14 @@
 //! Rust policy, ~20 s for a Python one).
 //!
 //! Cache failures never fail a load: they are logged and the component is
-//! compiled in memory.
+//! compiled in memory. Artifacts are written to a temporary file and renamed
+//! into place, so concurrent loaders (threads or processes) never see a
+//! partial file; do not edit artifact files in place while a process uses
+//! them (they are memory-mapped).
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
@@ -89,11 +93,19 @@ impl ArtifactCache {
         Ok((c, LoadSource::Compiled))
     }
 
-    /// Writes atomically: a temporary file renamed into place.
+    /// Writes atomically: a uniquely named temporary file renamed into
+    /// place. An artifact file is never modified in place — components
+    /// deserialized from it map it into memory, and truncating a mapped file
+    /// would crash their process (SIGBUS).
     fn store(&self, path: &Path, data: &[u8]) -> std::io::Result<()> {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
         std::fs::create_dir_all(&self.dir)?;
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        std::fs::write(&tmp, data)?;
-        std::fs::rename(&tmp, path)
+        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+        let tmp = path.with_extension(format!("tmp.{}.{seq}", std::process::id()));
+        let result = std::fs::write(&tmp, data).and_then(|()| std::fs::rename(&tmp, path));
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result
     }
 }

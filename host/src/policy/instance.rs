@@ -20,7 +20,7 @@ use super::bindings::{eviction, lifecycle, placement, pool_from_wit, reclamation
 use super::error::LoadError;
 use super::host::HostState;
 use super::loader::Loaded;
-use super::sandbox::classify;
+use super::sandbox::{classify, describe};
 use crate::decision::{PolicyContext, PolicyError, PoolSpec, Role};
 
 /// The typed exports of one instance.
@@ -63,11 +63,11 @@ impl Instance {
         let mut store = Store::new(&rt.engine, HostState::new(name.to_string(), limits));
         store.limiter(|s| &mut s.limiter);
         arm(&mut store, &loaded.inner.runtime, CallKind::Lifecycle);
-        let err = |e: &wasmtime::Error, s: &Store<HostState>| classify(name, e, s.data().last_error.as_deref());
+        let err = |e: &wasmtime::Error, s: &Store<HostState>| describe(e, s.data().last_error.as_deref());
         let instance = inner
             .pre
             .instantiate(&mut store)
-            .map_err(|e| LoadError::Instantiate { policy: name.to_string(), cause: describe(&err(&e, &store), &e) })?;
+            .map_err(|e| LoadError::Instantiate { policy: name.to_string(), cause: err(&e, &store) })?;
         let link = |e: wasmtime::Error| LoadError::Link { policy: name.to_string(), cause: format!("{e:#}") };
         let idx = &inner.indices;
         let guests = Guests {
@@ -81,7 +81,7 @@ impl Instance {
             Ok(Err(msg)) => {
                 return Err(LoadError::lifecycle(name, "init", format!("refused the configuration: {msg}")))
             }
-            Err(e) => return Err(LoadError::lifecycle(name, "init", describe(&err(&e, &store), &e))),
+            Err(e) => return Err(LoadError::lifecycle(name, "init", err(&e, &store))),
         }
         Ok((store, guests))
     }
@@ -147,14 +147,6 @@ fn arm(store: &mut Store<HostState>, runtime: &super::Runtime, kind: CallKind) {
         let fuel = if kind == CallKind::Decision { fuel } else { fuel.saturating_mul(1000) };
         // Fails only when fuel is not enabled, which `Runtime::new` did.
         let _ = store.set_fuel(fuel);
-    }
-}
-
-/// A failure as text: the classified error, with wasmtime's message for traps.
-fn describe(err: &PolicyError, raw: &wasmtime::Error) -> String {
-    match err {
-        PolicyError::Trap(_) => format!("{raw:#}"),
-        other => other.to_string(),
     }
 }
 

@@ -77,20 +77,31 @@ impl wasmtime::ResourceLimiter for MemoryCap {
 
 /// Classifies the error of a policy call by its type.
 pub(crate) fn classify(policy: &str, err: &wasmtime::Error, guest_said: Option<&str>) -> PolicyError {
-    if let Some(trap) = err.downcast_ref::<Trap>() {
-        return match trap {
-            Trap::Interrupt => PolicyError::Deadline,
-            Trap::OutOfFuel => PolicyError::OutOfFuel,
-            other => PolicyError::Trap(match guest_said {
-                Some(said) => format!("policy `{policy}`: {other} (it logged: {said})"),
-                None => format!("policy `{policy}`: {other}"),
-            }),
-        };
+    match err.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => PolicyError::Deadline,
+        Some(Trap::OutOfFuel) => PolicyError::OutOfFuel,
+        _ if err.downcast_ref::<MemoryLimitExceeded>().is_some() => PolicyError::MemoryLimit,
+        _ => PolicyError::Trap(format!("policy `{policy}`: {}", describe(err, guest_said))),
     }
-    if err.downcast_ref::<MemoryLimitExceeded>().is_some() {
-        return PolicyError::MemoryLimit;
+}
+
+/// The cause of a failed call in words: the trap (and what the guest logged
+/// at error level just before, e.g. its panic message), the limit, or
+/// wasmtime's message.
+pub(crate) fn describe(err: &wasmtime::Error, guest_said: Option<&str>) -> String {
+    let what = match err.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => PolicyError::Deadline.to_string(),
+        Some(Trap::OutOfFuel) => PolicyError::OutOfFuel.to_string(),
+        Some(trap) => trap.to_string(),
+        None => match err.downcast_ref::<MemoryLimitExceeded>() {
+            Some(m) => format!("{}: {m}", PolicyError::MemoryLimit),
+            None => format!("{err:#}"),
+        },
+    };
+    match guest_said {
+        Some(said) => format!("{what} (it logged: {said})"),
+        None => what,
     }
-    PolicyError::Trap(format!("policy `{policy}`: {err:#}"))
 }
 
 /// A clock that always reads 0: policies see the logical clock only.
