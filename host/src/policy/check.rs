@@ -222,6 +222,15 @@ struct Transcript {
     evict: Vec<Result<Vec<TensorId>, PolicyError>>,
 }
 
+/// A role's run stops after this many failed calls (trap or limit): the
+/// engine would have disabled the policy long before.
+const MAX_FAILED_CALLS: usize = 16;
+
+fn failed<T>(xs: &[Result<T, PolicyError>]) -> bool {
+    xs.iter().filter(|r| matches!(r, Err(e) if !matches!(e, PolicyError::InvalidDecision(_)))).count()
+        >= MAX_FAILED_CALLS
+}
+
 /// Runs the fuzzed inputs of `opts` against `p`.
 fn run(p: &WasmPolicy, opts: &CheckOptions) -> Transcript {
     let mut t = Transcript::default();
@@ -230,6 +239,9 @@ fn run(p: &WasmPolicy, opts: &CheckOptions) -> Transcript {
         for i in 0..opts.cases {
             let (req, ctx) = (gen_request(&mut rng), gen_context(&mut rng, i as u64));
             t.place.push(pl.place(&req, &ctx));
+            if failed(&t.place) {
+                break;
+            }
         }
     }
     let mut rng = Rng(opts.seed ^ 1);
@@ -237,6 +249,9 @@ fn run(p: &WasmPolicy, opts: &CheckOptions) -> Transcript {
         for i in 0..opts.cases {
             let (trig, ctx) = (gen_trigger(&mut rng), gen_context(&mut rng, i as u64));
             t.reclaim.push(r.reclaim(&trig, &ctx));
+            if failed(&t.reclaim) {
+                break;
+            }
         }
     }
     let mut rng = Rng(opts.seed ^ 2);
@@ -245,6 +260,9 @@ fn run(p: &WasmPolicy, opts: &CheckOptions) -> Transcript {
             let ctx = gen_context(&mut rng, 1000 + i as u64);
             let (need, cands) = gen_candidates(&mut rng, ctx.clock);
             t.evict.push(e.choose_victims(need, &cands, &ctx));
+            if failed(&t.evict) {
+                break;
+            }
         }
     }
     t
