@@ -58,11 +58,7 @@ fn second_load_comes_from_the_artifact_cache() {
     let again = rt.load(&path).unwrap();
     assert_eq!(again.source(), LoadSource::Compiled);
     assert!(again.instantiate("").is_ok());
-    println!(
-        "load: compiled {:?}, cached {:?}",
-        first.load_time(),
-        second.load_time()
-    );
+    println!("load: compiled {:?}, cached {:?}", first.load_time(), second.load_time());
 }
 
 #[test]
@@ -71,7 +67,10 @@ fn wrong_wit_version_is_refused_with_policy_and_cause() {
     let err = rt.load_bytes("future", &common::wat("wrong-version")).unwrap_err();
     assert!(matches!(err, LoadError::WrongVersion { .. }), "{err:?}");
     let msg = err.to_string();
-    assert!(msg.contains("`future`") && msg.contains("wasmem:policy/placement@9.0.0") && msg.contains("0.1.0"), "{msg}");
+    assert!(
+        msg.contains("`future`") && msg.contains("wasmem:policy/placement@9.0.0") && msg.contains("0.1.0"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -142,5 +141,8 @@ fn specs_resolve_builtins_shipped_names_paths_and_combinations() {
 
     let err = resolve_with(&rt, "no-such-policy").unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("no-such-policy") && msg.contains("pytorch") && msg.contains("out/no-such-policy.wasm"), "{msg}");
+    assert!(
+        msg.contains("no-such-policy") && msg.contains("pytorch") && msg.contains("out/no-such-policy.wasm"),
+        "{msg}"
+    );
 }

@@ -58,7 +58,10 @@ fn swapping_under_concurrent_allocation_loses_nothing() {
         let (new, opts) = match i % 3 {
             0 => (lifecycle.instantiate("").unwrap(), SwapOptions::default()),
             1 => (pytorch.instantiate("").unwrap(), SwapOptions::default()),
-            _ => (hostile.instantiate("mode=ok").unwrap(), SwapOptions { carry: CarryState::Never, ..Default::default() }),
+            _ => (
+                hostile.instantiate("mode=ok").unwrap(),
+                SwapOptions { carry: CarryState::Never, ..Default::default() },
+            ),
         };
         let report = shared.swap(&new, &opts).unwrap();
         latencies.push(t0.elapsed());
@@ -98,7 +101,8 @@ fn swapping_under_concurrent_allocation_loses_nothing() {
 fn state_is_carried_between_instances_of_the_same_policy() {
     let rt = common::relaxed_runtime();
     let hostile = rt.load(need!(common::hostile())).unwrap();
-    let resolved = wasmem::policy::resolve_with(&rt, &format!("{}?mode=ok", hostile.path().unwrap().display())).unwrap();
+    let resolved =
+        wasmem::policy::resolve_with(&rt, &format!("{}?mode=ok", hostile.path().unwrap().display())).unwrap();
     let shared = SharedAllocator::from_resolved(SimDevice::with_capacity(64 * GIB), resolved);
     for i in 0..5u32 {
         shared.alloc((1u64 << (10 + i)) + 1, TensorKind::Temp, StreamId(0)).unwrap();
