@@ -14,16 +14,27 @@ use wasmem::device::sim::SimDevice;
 use wasmem::policy::{Limits, Runtime, WasmPolicy};
 use wasmem::types::{Phase, StreamId, TensorId, TensorKind, GIB};
 
-/// The hostile policy in `mode`, serving every role.
-fn hostile(rt: &Runtime, config: &str) -> Option<(WasmPolicy, Allocator<SimDevice>)> {
+/// The hostile policy in `mode` serving `role`; the built-in defaults serve
+/// the other roles.
+fn hostile_as(rt: &Runtime, config: &str, role: Role) -> Option<(WasmPolicy, Allocator<SimDevice>)> {
     let path = common::hostile()?;
     let p = rt.load(&path).unwrap().instantiate(config).unwrap_or_else(|e| panic!("{e}"));
-    let policies = Policies {
-        placement: Box::new(p.placement().unwrap()),
-        reclamation: Box::new(p.reclamation().unwrap()),
-        eviction: Box::new(p.eviction().unwrap()),
+    let mut policies = Policies {
+        placement: Box::new(PytorchPlacement),
+        reclamation: Box::new(PytorchReclamation),
+        eviction: Box::new(LruEviction),
     };
+    match role {
+        Role::Placement => policies.placement = Box::new(p.placement().unwrap()),
+        Role::Reclamation => policies.reclamation = Box::new(p.reclamation().unwrap()),
+        Role::Eviction => policies.eviction = Box::new(p.eviction().unwrap()),
+    }
     Some((p, Allocator::new(SimDevice::with_capacity(64 * GIB), policies)))
+}
+
+/// The hostile policy in `mode` as the placement policy.
+fn hostile(rt: &Runtime, config: &str) -> Option<(WasmPolicy, Allocator<SimDevice>)> {
+    hostile_as(rt, config, Role::Placement)
 }
 
 /// `n` allocations of distinct memo keys (one log2 size class each), so that
@@ -134,7 +145,7 @@ fn invalid_rounding_is_refused() {
 #[test]
 fn inconsistent_victims_are_refused() {
     let rt = common::relaxed_runtime();
-    let (_p, mut a) = need!(hostile(&rt, "mode=bad-victims"));
+    let (_p, mut a) = need!(hostile_as(&rt, "mode=bad-victims", Role::Eviction));
     let ids = alloc_distinct(&mut a, 6);
     for (i, id) in ids.iter().enumerate() {
         for _ in 0..i {
@@ -153,13 +164,16 @@ fn inconsistent_victims_are_refused() {
 #[test]
 fn unknown_reclaim_pool_is_refused() {
     let rt = common::relaxed_runtime();
-    let (_p, mut a) = need!(hostile(&rt, "mode=bad-reclaim"));
+    let (_p, mut a) = need!(hostile_as(&rt, "mode=bad-reclaim", Role::Reclamation));
     let ids = alloc_distinct(&mut a, 4);
+    let before = a.policies().health(Role::Reclamation).clone();
     for (step, phase) in Phase::ALL.into_iter().enumerate() {
         a.phase(phase, step as u64).unwrap();
     }
     let h = a.policies().health(Role::Reclamation);
-    assert_eq!((h.calls, h.traps, h.fallbacks), (4, 0, 4), "{h:?}");
+    // Consulted at each phase marker (and, before, when pools had to grow).
+    assert_eq!((h.calls - before.calls, h.traps, h.fallbacks - before.fallbacks), (4, 0, 4), "{h:?}");
+    assert_eq!(h.calls, h.fallbacks, "every answer was refused");
     assert!(h.last_error.as_deref().unwrap().contains("`no-such-pool` does not exist"));
     none_lost(&a, &ids);
 }
@@ -173,6 +187,4 @@ fn a_well_behaved_mode_counts_nothing() {
     let s = a.stats();
     assert_eq!((s.policy_traps, s.policy_fallbacks), (0, 0));
     assert_eq!(p.save_state().unwrap(), 10u64.to_le_bytes().to_vec(), "state counts the decisions");
-    // Native policies still in charge elsewhere are untouched.
-    let _ = (PytorchPlacement, PytorchReclamation, LruEviction);
 }

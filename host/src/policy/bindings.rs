@@ -64,6 +64,7 @@ pub fn context_to_wit(c: &decision::PolicyContext) -> wit::PolicyContext {
         live_bytes: c.live_bytes,
         allocated_bytes: c.allocated_bytes,
         reserved_bytes: c.reserved_bytes,
+        peak_reserved_bytes: c.peak_reserved_bytes,
         capacity_bytes: c.capacity_bytes,
     }
 }
@@ -87,11 +88,15 @@ pub fn pool_from_wit(p: wit::PoolSpec) -> decision::PoolSpec {
 pub fn trigger_to_wit(t: &decision::ReclaimTrigger) -> wit::ReclaimTrigger {
     match t {
         decision::ReclaimTrigger::AllocFailed { request, segment_bytes } => {
-            wit::ReclaimTrigger::AllocFailed(wit::AllocFailure {
+            wit::ReclaimTrigger::AllocFailed(wit::SegmentRequest {
                 request: request_to_wit(request),
                 segment_bytes: *segment_bytes,
             })
         }
+        decision::ReclaimTrigger::Grow { request, segment_bytes } => wit::ReclaimTrigger::Grow(wit::SegmentRequest {
+            request: request_to_wit(request),
+            segment_bytes: *segment_bytes,
+        }),
         decision::ReclaimTrigger::Phase { phase, step } => {
             wit::ReclaimTrigger::Phase(wit::PhaseMarker { phase: phase_to_wit(*phase), step: *step })
         }

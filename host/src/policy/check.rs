@@ -178,16 +178,18 @@ fn gen_context(rng: &mut Rng, clock: u64) -> PolicyContext {
         live_bytes: live,
         allocated_bytes: allocated,
         reserved_bytes: reserved,
+        peak_reserved_bytes: reserved.saturating_add(rng.below(capacity - reserved + 1)),
         capacity_bytes: capacity,
     }
 }
 
 fn gen_trigger(rng: &mut Rng) -> ReclaimTrigger {
-    if rng.below(2) == 0 {
-        let request = gen_request(rng);
-        ReclaimTrigger::AllocFailed { request, segment_bytes: request.bytes.saturating_add(rng.below(20 * MIB)) }
-    } else {
-        ReclaimTrigger::Phase { phase: rng.pick(&Phase::ALL), step: rng.below(10_000) }
+    let request = gen_request(rng);
+    let segment_bytes = request.bytes.saturating_add(rng.below(20 * MIB));
+    match rng.below(3) {
+        0 => ReclaimTrigger::AllocFailed { request, segment_bytes },
+        1 => ReclaimTrigger::Grow { request, segment_bytes },
+        _ => ReclaimTrigger::Phase { phase: rng.pick(&Phase::ALL), step: rng.below(10_000) },
     }
 }
 
