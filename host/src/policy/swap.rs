@@ -181,20 +181,25 @@ impl<D: Device> SharedAllocator<D> {
                 }
             }
         }
+        // The old instances are dropped after the lock is released (a store
+        // takes tens of microseconds to tear down): `retired` keeps a
+        // reference until then.
+        let mut retired = Vec::new();
         if let Some(p) = placement {
             g.alloc.set_placement(Box::new(p));
-            g.wasm[Role::Placement as usize] = Some(new.clone());
+            retired.push(g.wasm[Role::Placement as usize].replace(new.clone()));
         }
         if let Some(p) = reclamation {
             g.alloc.set_reclamation(Box::new(p));
-            g.wasm[Role::Reclamation as usize] = Some(new.clone());
+            retired.push(g.wasm[Role::Reclamation as usize].replace(new.clone()));
         }
         if let Some(p) = eviction {
             g.alloc.set_eviction(Box::new(p));
-            g.wasm[Role::Eviction as usize] = Some(new.clone());
+            retired.push(g.wasm[Role::Eviction as usize].replace(new.clone()));
         }
         let lock_held = t0.elapsed();
         drop(g);
+        drop(retired);
         tracing::info!(new = new.name(), ?roles, ?old, ?state_bytes, ?lock_held, "policy swapped");
         Ok(SwapReport { roles, old, new: new.name().to_string(), state_bytes, save_error, lock_held })
     }
