@@ -1,0 +1,143 @@
+//! Errors of loading, instantiating and swapping policies. Each names the
+//! policy (its file or its `lifecycle.name`) and the cause.
+
+use std::path::PathBuf;
+
+use crate::decision::PolicyError;
+
+/// Why a policy could not be loaded or instantiated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoadError {
+    /// The wasmtime engine could not be configured.
+    #[error("policy runtime: {0}")]
+    Engine(String),
+    /// The file could not be read.
+    #[error("policy `{policy}`: cannot read {}: {cause}", path.display())]
+    Io {
+        /// The policy (file name).
+        policy: String,
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        cause: String,
+    },
+    /// The bytes are not a valid component for this engine.
+    #[error("policy `{policy}`: not a valid WebAssembly component: {cause}")]
+    Compile {
+        /// The policy.
+        policy: String,
+        /// The compiler's message.
+        cause: String,
+    },
+    /// The component exports or imports a `wasmem:policy` interface of another version.
+    #[error(
+        "policy `{policy}`: uses `{interface}`, but this engine speaks wasmem:policy@{expected} \
+         (rebuild the policy against the WIT package of this engine)"
+    )]
+    WrongVersion {
+        /// The policy.
+        policy: String,
+        /// The interface found.
+        interface: String,
+        /// The version this engine speaks.
+        expected: String,
+    },
+    /// The component exports no decision role.
+    #[error(
+        "policy `{policy}`: exports none of wasmem:policy/placement, reclamation or eviction @{expected} \
+         (its exports: {exports})"
+    )]
+    NoRole {
+        /// The policy.
+        policy: String,
+        /// What it exports.
+        exports: String,
+        /// The version this engine speaks.
+        expected: String,
+    },
+    /// The component does not export `lifecycle`.
+    #[error("policy `{policy}`: does not export wasmem:policy/lifecycle@{expected}")]
+    NoLifecycle {
+        /// The policy.
+        policy: String,
+        /// The version this engine speaks.
+        expected: String,
+    },
+    /// An import of the component is not provided by the engine (or the
+    /// exports do not have the types of the WIT package).
+    #[error("policy `{policy}`: cannot link: {cause}")]
+    Link {
+        /// The policy.
+        policy: String,
+        /// wasmtime's message.
+        cause: String,
+    },
+    /// Instantiation failed (start function trapped, memory over the cap…).
+    #[error("policy `{policy}`: cannot instantiate: {cause}")]
+    Instantiate {
+        /// The policy.
+        policy: String,
+        /// The cause.
+        cause: String,
+    },
+    /// A lifecycle call (`init`, `pools`, `name`) failed.
+    #[error("policy `{policy}`: `{call}` failed: {cause}")]
+    Lifecycle {
+        /// The policy.
+        policy: String,
+        /// The call.
+        call: &'static str,
+        /// The cause (a trap, a limit, or the policy's own error text).
+        cause: String,
+    },
+    /// A policy spec names nothing that exists.
+    #[error(
+        "unknown policy `{spec}`: not a built-in ({builtins}), and no file at {}",
+        tried.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+    )]
+    UnknownSpec {
+        /// The spec.
+        spec: String,
+        /// The built-in names.
+        builtins: String,
+        /// The paths looked at.
+        tried: Vec<PathBuf>,
+    },
+}
+
+impl LoadError {
+    pub(crate) fn lifecycle(policy: &str, call: &'static str, cause: impl std::fmt::Display) -> Self {
+        LoadError::Lifecycle { policy: policy.to_string(), call, cause: cause.to_string() }
+    }
+}
+
+/// Why a hot swap was refused; the old policy stays in charge.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SwapError {
+    /// The new policy exports none of the requested roles.
+    #[error("cannot swap in policy `{policy}`: it does not export the {role} role")]
+    MissingRole {
+        /// The new policy.
+        policy: String,
+        /// The role.
+        role: crate::decision::Role,
+    },
+    /// `save-state` of the old policy failed.
+    #[error("swap aborted, `{old}` stays: save-state of `{old}` failed: {cause}")]
+    SaveState {
+        /// The old policy.
+        old: String,
+        /// The cause.
+        cause: PolicyError,
+    },
+    /// `load-state` of the new policy failed.
+    #[error("swap aborted, `{old}` stays: load-state of `{new}` failed: {cause}")]
+    LoadState {
+        /// The old policy.
+        old: String,
+        /// The new policy.
+        new: String,
+        /// The cause (a trap, or the policy's own error text).
+        cause: String,
+    },
+}

@@ -1,0 +1,118 @@
+//! The store data of a policy instance and the host imports
+//! (`wasmem:policy/host`): `log` (to `tracing`, rate limited), `stats` (the
+//! context of the current call) and `clock` (its logical clock).
+
+use std::time::Instant;
+
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::bindings::{self, wasmem::policy, wit, LogLevel};
+use super::sandbox::{deny_all_wasi, MemoryCap};
+use crate::decision::PolicyContext;
+
+/// Longest log message kept (longer ones are cut).
+const MAX_LOG_CHARS: usize = 1024;
+
+/// A one-second window of log messages.
+#[derive(Debug)]
+struct LogBudget {
+    per_second: u32,
+    window_start: Option<Instant>,
+    in_window: u32,
+    dropped: u64,
+}
+
+impl LogBudget {
+    /// Whether one more message may be written now; reports drops when a
+    /// new window opens.
+    fn admit(&mut self, policy: &str) -> bool {
+        let now = Instant::now();
+        let fresh = self.window_start.is_none_or(|s| now.duration_since(s).as_secs() >= 1);
+        if fresh {
+            if self.dropped > 0 {
+                tracing::warn!(policy, dropped = self.dropped, "policy log messages dropped by the rate limit");
+                self.dropped = 0;
+            }
+            self.window_start = Some(now);
+            self.in_window = 0;
+        }
+        if self.in_window < self.per_second {
+            self.in_window += 1;
+            true
+        } else {
+            self.dropped += 1;
+            false
+        }
+    }
+}
+
+/// Everything a policy store holds besides the instance.
+pub(crate) struct HostState {
+    /// Name used in logs.
+    pub policy: String,
+    /// The context passed to the current call (default outside calls).
+    pub ctx: PolicyContext,
+    /// The last `error`-level message of the current call (a guest panic
+    /// message, attached to a trap report).
+    pub last_error: Option<String>,
+    pub limiter: MemoryCap,
+    log: LogBudget,
+    wasi: WasiCtx,
+    table: ResourceTable,
+}
+
+impl HostState {
+    pub(crate) fn new(policy: String, limits: &super::Limits) -> Self {
+        HostState {
+            policy,
+            ctx: PolicyContext::default(),
+            last_error: None,
+            limiter: MemoryCap::new(limits.max_memory, limits.max_table_elements),
+            log: LogBudget { per_second: limits.log_per_second, window_start: None, in_window: 0, dropped: 0 },
+            wasi: deny_all_wasi(),
+            table: ResourceTable::new(),
+        }
+    }
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+impl policy::types::Host for HostState {}
+
+impl policy::host::Host for HostState {
+    fn log(&mut self, level: LogLevel, message: String) {
+        let mut message = message;
+        if message.len() > MAX_LOG_CHARS {
+            let cut = (0..=MAX_LOG_CHARS).rev().find(|&i| message.is_char_boundary(i)).unwrap_or(0);
+            message.truncate(cut);
+            message.push('…');
+        }
+        if matches!(level, LogLevel::Error) {
+            self.last_error = Some(message.clone());
+        }
+        if !self.log.admit(&self.policy) {
+            return;
+        }
+        let policy = self.policy.as_str();
+        match level {
+            LogLevel::Trace => tracing::trace!(target: "wasmem::policy::guest", policy, "{message}"),
+            LogLevel::Debug => tracing::debug!(target: "wasmem::policy::guest", policy, "{message}"),
+            LogLevel::Info => tracing::info!(target: "wasmem::policy::guest", policy, "{message}"),
+            LogLevel::Warn => tracing::warn!(target: "wasmem::policy::guest", policy, "{message}"),
+            LogLevel::Error => tracing::error!(target: "wasmem::policy::guest", policy, "{message}"),
+        }
+    }
+
+    fn stats(&mut self) -> wit::PolicyContext {
+        bindings::context_to_wit(&self.ctx)
+    }
+
+    fn clock(&mut self) -> u64 {
+        self.ctx.clock
+    }
+}

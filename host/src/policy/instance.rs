@@ -1,0 +1,292 @@
+//! A policy instance: one `Store` (its own memory, limits and host state)
+//! created from the component's `InstancePre`, and the calls into it.
+//!
+//! Every call is armed with the sandbox limits (epoch deadline, fuel) and
+//! carries the [`PolicyContext`] the host imports report. A call that fails
+//! (trap, deadline, fuel, memory cap) leaves the instance unusable, so it is
+//! marked *poisoned* and re-instantiated from the `InstancePre` before the
+//! next call — its learned state is lost (logged).
+//!
+//! [`WasmPolicy`] is a shared handle (`Arc<Mutex<_>>`) to one instance: the
+//! role adapters of a component that exports several roles share it, so a
+//! policy sees all of its own decisions.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use wasmtime::Store;
+
+use super::adapters::{WasmEviction, WasmPlacement, WasmReclamation};
+use super::bindings::{eviction, lifecycle, placement, pool_from_wit, reclamation};
+use super::error::LoadError;
+use super::host::HostState;
+use super::loader::Loaded;
+use super::sandbox::{classify, describe};
+use crate::decision::{PolicyContext, PolicyError, PoolSpec, Role};
+
+/// The typed exports of one instance.
+pub(crate) struct Guests {
+    pub lifecycle: lifecycle::Guest,
+    pub placement: Option<placement::Guest>,
+    pub reclamation: Option<reclamation::Guest>,
+    pub eviction: Option<eviction::Guest>,
+}
+
+/// Which limits to arm a call with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CallKind {
+    /// A decision: the per-call deadline and fuel.
+    Decision,
+    /// A lifecycle call: the lifecycle deadline, 1000× fuel.
+    Lifecycle,
+}
+
+pub(crate) struct Instance {
+    loaded: Loaded,
+    config: String,
+    /// `lifecycle.name`, or the label before it is known.
+    pub name: String,
+    store: Store<HostState>,
+    guests: Guests,
+    poisoned: bool,
+    /// Re-instantiations after failures.
+    pub reinstantiations: u64,
+    /// Failed calls (any cause).
+    pub failures: u64,
+}
+
+impl Instance {
+    /// Instantiates `loaded` and runs `init(config)`.
+    fn create(loaded: &Loaded, config: &str, name: &str) -> Result<(Store<HostState>, Guests), LoadError> {
+        let inner = &loaded.inner;
+        let rt = &inner.runtime.inner;
+        let limits = &rt.config.limits;
+        let mut store = Store::new(&rt.engine, HostState::new(name.to_string(), limits));
+        store.limiter(|s| &mut s.limiter);
+        arm(&mut store, &loaded.inner.runtime, CallKind::Lifecycle);
+        let err = |e: &wasmtime::Error, s: &Store<HostState>| describe(e, s.data().last_error.as_deref());
+        let instance = inner
+            .pre
+            .instantiate(&mut store)
+            .map_err(|e| LoadError::Instantiate { policy: name.to_string(), cause: err(&e, &store) })?;
+        let link = |e: wasmtime::Error| LoadError::Link { policy: name.to_string(), cause: format!("{e:#}") };
+        let idx = &inner.indices;
+        let guests = Guests {
+            lifecycle: idx.lifecycle.load(&mut store, &instance).map_err(link)?,
+            placement: idx.placement.as_ref().map(|i| i.load(&mut store, &instance)).transpose().map_err(link)?,
+            reclamation: idx.reclamation.as_ref().map(|i| i.load(&mut store, &instance)).transpose().map_err(link)?,
+            eviction: idx.eviction.as_ref().map(|i| i.load(&mut store, &instance)).transpose().map_err(link)?,
+        };
+        match guests.lifecycle.call_init(&mut store, config) {
+            Ok(Ok(())) => {}
+            Ok(Err(msg)) => {
+                return Err(LoadError::lifecycle(name, "init", format!("refused the configuration: {msg}")))
+            }
+            Err(e) => return Err(LoadError::lifecycle(name, "init", err(&e, &store))),
+        }
+        Ok((store, guests))
+    }
+
+    /// Runs `f` on the instance with the limits of `kind` and `ctx` as the
+    /// context of the host imports. Re-instantiates a poisoned instance first.
+    pub(crate) fn call<R>(
+        &mut self,
+        kind: CallKind,
+        ctx: &PolicyContext,
+        f: impl FnOnce(&Guests, &mut Store<HostState>) -> wasmtime::Result<R>,
+    ) -> Result<R, PolicyError> {
+        if self.poisoned {
+            self.reinstantiate()?;
+        }
+        let data = self.store.data_mut();
+        data.ctx = *ctx;
+        data.last_error = None;
+        arm(&mut self.store, &self.loaded.inner.runtime, kind);
+        match f(&self.guests, &mut self.store) {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                let err = classify(&self.name, &e, self.store.data().last_error.as_deref());
+                self.failures += 1;
+                self.poisoned = true;
+                tracing::debug!(policy = %self.name, error = %err, "policy call failed; the instance will be re-instantiated");
+                Err(err)
+            }
+        }
+    }
+
+    fn reinstantiate(&mut self) -> Result<(), PolicyError> {
+        match Instance::create(&self.loaded, &self.config, &self.name) {
+            Ok((store, guests)) => {
+                self.store = store;
+                self.guests = guests;
+                self.poisoned = false;
+                self.reinstantiations += 1;
+                tracing::warn!(
+                    policy = %self.name,
+                    count = self.reinstantiations,
+                    "policy re-instantiated after a failed call; its learned state is lost"
+                );
+                Ok(())
+            }
+            Err(e) => Err(PolicyError::Trap(format!("re-instantiation after a failure failed: {e}"))),
+        }
+    }
+
+    /// Bytes of linear memory in use.
+    fn memory_bytes(&self) -> usize {
+        self.store.data().limiter.used
+    }
+}
+
+/// Arms the store's deadline and fuel for one call.
+fn arm(store: &mut Store<HostState>, runtime: &super::Runtime, kind: CallKind) {
+    let rt = &runtime.inner;
+    if let Some((decision, lifecycle)) = rt.deadline_ticks {
+        store.set_epoch_deadline(if kind == CallKind::Decision { decision } else { lifecycle });
+    }
+    if let Some(fuel) = rt.config.limits.fuel {
+        let fuel = if kind == CallKind::Decision { fuel } else { fuel.saturating_mul(1000) };
+        // Fails only when fuel is not enabled, which `Runtime::new` did.
+        let _ = store.set_fuel(fuel);
+    }
+}
+
+struct Meta {
+    name: String,
+    roles: Vec<Role>,
+    pools: Vec<PoolSpec>,
+}
+
+/// A shared handle to one instance of a policy component.
+///
+/// Cloning shares the instance. The role adapters ([`WasmPolicy::placement`]
+/// …) share it too, so a component that exports several roles keeps one
+/// state across them.
+#[derive(Clone)]
+pub struct WasmPolicy {
+    pub(crate) instance: Arc<Mutex<Instance>>,
+    meta: Arc<Meta>,
+}
+
+impl std::fmt::Debug for WasmPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WasmPolicy").field("name", &self.meta.name).field("roles", &self.meta.roles).finish()
+    }
+}
+
+impl WasmPolicy {
+    pub(crate) fn new(loaded: Loaded, config: &str) -> Result<WasmPolicy, LoadError> {
+        let label = loaded.label().to_string();
+        let (store, guests) = Instance::create(&loaded, config, &label)?;
+        let mut inst = Instance {
+            loaded: loaded.clone(),
+            config: config.to_string(),
+            name: label.clone(),
+            store,
+            guests,
+            poisoned: false,
+            reinstantiations: 0,
+            failures: 0,
+        };
+        let ctx = PolicyContext::default();
+        let name = inst
+            .call(CallKind::Lifecycle, &ctx, |g, s| g.lifecycle.call_name(s))
+            .map_err(|e| LoadError::lifecycle(&label, "name", e))?;
+        let name = if name.trim().is_empty() { label.clone() } else { name };
+        inst.name = name.clone();
+        inst.store.data_mut().policy = name.clone();
+        let pools = if loaded.exports(Role::Placement) {
+            let pools = inst
+                .call(CallKind::Lifecycle, &ctx, |g, s| match &g.placement {
+                    Some(p) => p.call_pools(s),
+                    None => Ok(Vec::new()),
+                })
+                .map_err(|e| LoadError::lifecycle(&name, "pools", e))?;
+            if pools.is_empty() {
+                return Err(LoadError::lifecycle(
+                    &name,
+                    "pools",
+                    "returned an empty list (at least one pool is needed)",
+                ));
+            }
+            pools.into_iter().map(pool_from_wit).collect()
+        } else {
+            Vec::new()
+        };
+        let roles = loaded.roles().to_vec();
+        Ok(WasmPolicy { instance: Arc::new(Mutex::new(inst)), meta: Arc::new(Meta { name, roles, pools }) })
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Instance> {
+        // A panic while holding the lock cannot leave the instance
+        // inconsistent in a way calls rely on (a failed call poisons it).
+        self.instance.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `lifecycle.name`.
+    pub fn name(&self) -> &str {
+        &self.meta.name
+    }
+
+    /// The roles the component exports.
+    pub fn roles(&self) -> &[Role] {
+        &self.meta.roles
+    }
+
+    /// Whether the component exports `role`.
+    pub fn exports(&self, role: Role) -> bool {
+        self.meta.roles.contains(&role)
+    }
+
+    /// The pools of the placement role (empty without one), as returned by
+    /// `placement.pools` after `init`.
+    pub fn pools(&self) -> &[PoolSpec] {
+        &self.meta.pools
+    }
+
+    /// The placement role, if exported.
+    pub fn placement(&self) -> Option<WasmPlacement> {
+        self.exports(Role::Placement).then(|| WasmPlacement::new(self.clone()))
+    }
+
+    /// The reclamation role, if exported.
+    pub fn reclamation(&self) -> Option<WasmReclamation> {
+        self.exports(Role::Reclamation).then(|| WasmReclamation::new(self.clone()))
+    }
+
+    /// The eviction role, if exported.
+    pub fn eviction(&self) -> Option<WasmEviction> {
+        self.exports(Role::Eviction).then(|| WasmEviction::new(self.clone()))
+    }
+
+    /// `lifecycle.save-state`.
+    pub fn save_state(&self) -> Result<Vec<u8>, PolicyError> {
+        self.lock().call(CallKind::Lifecycle, &PolicyContext::default(), |g, s| g.lifecycle.call_save_state(s))
+    }
+
+    /// `lifecycle.load-state`: `Err` with the policy's message or the failure.
+    pub fn load_state(&self, state: &[u8]) -> Result<(), String> {
+        match self
+            .lock()
+            .call(CallKind::Lifecycle, &PolicyContext::default(), |g, s| g.lifecycle.call_load_state(s, state))
+        {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(msg)) => Err(msg),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Times the instance was re-instantiated after a failed call.
+    pub fn reinstantiations(&self) -> u64 {
+        self.lock().reinstantiations
+    }
+
+    /// Calls that failed (trap, deadline, fuel, memory cap).
+    pub fn failures(&self) -> u64 {
+        self.lock().failures
+    }
+
+    /// Bytes of linear memory the instance uses now.
+    pub fn memory_bytes(&self) -> usize {
+        self.lock().memory_bytes()
+    }
+}

@@ -1,0 +1,226 @@
+//! Loading a policy component: read, compile or fetch from the artifact
+//! cache, inspect its exports (which roles, which WIT version), link its
+//! imports once into an `InstancePre`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wasmtime::component::{Component, InstancePre};
+
+use super::bindings::{eviction, lifecycle, placement, reclamation, WIT_PACKAGE, WIT_VERSION};
+use super::cache::LoadSource;
+use super::error::LoadError;
+use super::host::HostState;
+use super::instance::WasmPolicy;
+use super::Runtime;
+use crate::decision::Role;
+
+/// Export indices of the interfaces a component provides.
+#[derive(Clone)]
+pub(crate) struct Indices {
+    pub lifecycle: lifecycle::GuestIndices,
+    pub placement: Option<placement::GuestIndices>,
+    pub reclamation: Option<reclamation::GuestIndices>,
+    pub eviction: Option<eviction::GuestIndices>,
+}
+
+pub(crate) struct LoadedInner {
+    pub runtime: Runtime,
+    pub label: String,
+    pub path: Option<PathBuf>,
+    pub pre: InstancePre<HostState>,
+    pub indices: Indices,
+    pub roles: Vec<Role>,
+    pub imports_wasi: bool,
+    pub source: LoadSource,
+    pub load_time: Duration,
+}
+
+/// A compiled and linked policy component, ready to instantiate. Cheap to
+/// clone; instantiate it as often as needed (each instance has its own
+/// store and state).
+#[derive(Clone)]
+pub struct Loaded {
+    pub(crate) inner: Arc<LoadedInner>,
+}
+
+impl std::fmt::Debug for Loaded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loaded")
+            .field("label", &self.inner.label)
+            .field("roles", &self.inner.roles)
+            .field("source", &self.inner.source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Loaded {
+    /// The label (file stem) used in messages until `lifecycle.name` is known.
+    pub fn label(&self) -> &str {
+        &self.inner.label
+    }
+
+    /// The file it was loaded from, if any.
+    pub fn path(&self) -> Option<&Path> {
+        self.inner.path.as_deref()
+    }
+
+    /// The decision roles the component exports.
+    pub fn roles(&self) -> &[Role] {
+        &self.inner.roles
+    }
+
+    /// Whether it exports `role`.
+    pub fn exports(&self, role: Role) -> bool {
+        self.inner.roles.contains(&role)
+    }
+
+    /// Whether it imports WASI interfaces (served by a deny-all context).
+    pub fn imports_wasi(&self) -> bool {
+        self.inner.imports_wasi
+    }
+
+    /// Whether the component came from the artifact cache or was compiled.
+    pub fn source(&self) -> LoadSource {
+        self.inner.source
+    }
+
+    /// Time the load took (read + compile or deserialize + link).
+    pub fn load_time(&self) -> Duration {
+        self.inner.load_time
+    }
+
+    /// A new instance configured with `config` (`lifecycle.init`).
+    pub fn instantiate(&self, config: &str) -> Result<WasmPolicy, LoadError> {
+        WasmPolicy::new(self.clone(), config)
+    }
+}
+
+fn label_of(path: &Path) -> String {
+    path.file_stem().map_or_else(|| path.display().to_string(), |s| s.to_string_lossy().into_owned())
+}
+
+impl Runtime {
+    /// Loads the component at `path`.
+    pub fn load(&self, path: impl AsRef<Path>) -> Result<Loaded, LoadError> {
+        let start = Instant::now();
+        let path = path.as_ref();
+        let label = label_of(path);
+        let bytes = std::fs::read(path).map_err(|e| LoadError::Io {
+            policy: label.clone(),
+            path: path.to_path_buf(),
+            cause: e.to_string(),
+        })?;
+        self.load_inner(label, Some(path.to_path_buf()), &bytes, start)
+    }
+
+    /// Loads a component from `bytes` (a binary component) named `label`.
+    pub fn load_bytes(&self, label: &str, bytes: &[u8]) -> Result<Loaded, LoadError> {
+        self.load_inner(label.to_string(), None, bytes, Instant::now())
+    }
+
+    fn load_inner(
+        &self,
+        label: String,
+        path: Option<PathBuf>,
+        bytes: &[u8],
+        start: Instant,
+    ) -> Result<Loaded, LoadError> {
+        let engine = &self.inner.engine;
+        let compile_err = |e: wasmtime::Error| LoadError::Compile { policy: label.clone(), cause: format!("{e:#}") };
+        if !bytes.starts_with(b"\0asm") {
+            return Err(LoadError::Compile {
+                policy: label,
+                cause: "not a WebAssembly binary (no `\\0asm` header)".into(),
+            });
+        }
+        let (component, source) = match &self.inner.cache {
+            Some(cache) => cache.load(engine, bytes).map_err(compile_err)?,
+            None => (Component::new(engine, bytes).map_err(compile_err)?, LoadSource::Compiled),
+        };
+        let (roles, imports_wasi) = inspect(&label, &component, engine)?;
+        let pre = self
+            .inner
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| LoadError::Link { policy: label.clone(), cause: format!("{e:#}") })?;
+        let link = |e: wasmtime::Error| LoadError::Link { policy: label.clone(), cause: format!("{e:#}") };
+        let has = |r| roles.contains(&r);
+        let indices = Indices {
+            lifecycle: lifecycle::GuestIndices::new(&pre).map_err(link)?,
+            placement: has(Role::Placement).then(|| placement::GuestIndices::new(&pre)).transpose().map_err(link)?,
+            reclamation: has(Role::Reclamation)
+                .then(|| reclamation::GuestIndices::new(&pre))
+                .transpose()
+                .map_err(link)?,
+            eviction: has(Role::Eviction).then(|| eviction::GuestIndices::new(&pre)).transpose().map_err(link)?,
+        };
+        let load_time = start.elapsed();
+        tracing::debug!(policy = %label, ?roles, ?source, ?load_time, "policy component loaded");
+        Ok(Loaded {
+            inner: Arc::new(LoadedInner {
+                runtime: self.clone(),
+                label,
+                path,
+                pre,
+                indices,
+                roles,
+                imports_wasi,
+                source,
+                load_time,
+            }),
+        })
+    }
+}
+
+/// The roles a component exports and whether it imports WASI; refuses other
+/// versions of the WIT package and components without a role or lifecycle.
+fn inspect(label: &str, component: &Component, engine: &wasmtime::Engine) -> Result<(Vec<Role>, bool), LoadError> {
+    let ty = component.component_type();
+    let mut roles = Vec::new();
+    let mut lifecycle = false;
+    let mut names = Vec::new();
+    let prefix = format!("{WIT_PACKAGE}/");
+    let wrong = |export: &str| LoadError::WrongVersion {
+        policy: label.to_string(),
+        interface: export.to_string(),
+        expected: WIT_VERSION.to_string(),
+    };
+    for (name, _) in ty.exports(engine) {
+        names.push(name.to_string());
+        let Some(rest) = name.strip_prefix(&prefix) else { continue };
+        let (iface, version) = rest.split_once('@').unwrap_or((rest, ""));
+        if version != WIT_VERSION {
+            return Err(wrong(name));
+        }
+        match iface {
+            "lifecycle" => lifecycle = true,
+            "placement" => roles.push(Role::Placement),
+            "reclamation" => roles.push(Role::Reclamation),
+            "eviction" => roles.push(Role::Eviction),
+            _ => {}
+        }
+    }
+    let mut imports_wasi = false;
+    for (name, _) in ty.imports(engine) {
+        imports_wasi |= name.starts_with("wasi:");
+        if let Some(rest) = name.strip_prefix(&prefix) {
+            if rest.split_once('@').map(|(_, v)| v) != Some(WIT_VERSION) {
+                return Err(wrong(name));
+            }
+        }
+    }
+    if roles.is_empty() {
+        return Err(LoadError::NoRole {
+            policy: label.to_string(),
+            exports: if names.is_empty() { "nothing".into() } else { names.join(", ") },
+            expected: WIT_VERSION.to_string(),
+        });
+    }
+    if !lifecycle {
+        return Err(LoadError::NoLifecycle { policy: label.to_string(), expected: WIT_VERSION.to_string() });
+    }
+    roles.sort_by_key(|r| *r as u8);
+    Ok((roles, imports_wasi))
+}

@@ -1,0 +1,57 @@
+//! The policy runtime: WebAssembly component policies behind the decision
+//! traits of [`crate::decision`].
+//!
+//! ```text
+//!  Runtime (engine, linker, epoch ticker, artifact cache)
+//!     │ load(path) ── sha256 ──► cache hit: deserialize │ miss: compile, store
+//!     ▼
+//!  Loaded (Component + InstancePre + exported roles)    ── instantiate(config) ──►
+//!  WasmPolicy (one Store: limits, deny-all WASI, host imports; Arc<Mutex<_>>)
+//!     ├─ WasmPlacement   : PlacementPolicy   (memoizable)
+//!     ├─ WasmReclamation : ReclamationPolicy
+//!     └─ WasmEviction    : EvictionPolicy
+//!  SharedAllocator (Arc<Mutex<Allocator>>): alloc/free from many threads,
+//!     swap() a role's policy between two decisions, carrying state
+//!  check(path) → Verdict: exports, version, fuzzed conformance suite
+//!  resolve("pytorch-like+lru-evict") → Policies
+//! ```
+//!
+//! One file per job: [`config`] (runtime, limits), `ticker` (epoch thread),
+//! `cache` + `artifact` (precompiled artifacts; the only `unsafe`),
+//! `loader` (exports, version, `InstancePre`), `instance` (store, calls,
+//! re-instantiation), `sandbox` (memory cap, WASI, failure classification),
+//! `host` (imports), [`adapters`] (the traits), [`swap`], [`check`],
+//! [`resolve`](mod@resolve).
+//!
+//! Failures are classified by type into [`PolicyError`](crate::decision::PolicyError):
+//! `Trap::Interrupt` → `Deadline`, `Trap::OutOfFuel` → `OutOfFuel`, the
+//! memory cap's [`MemoryLimitExceeded`] → `MemoryLimit`, any other trap →
+//! `Trap`. The engine counts them and falls back to its default decision;
+//! the failed instance is re-instantiated before its next call.
+
+pub mod adapters;
+mod artifact;
+mod bindings;
+mod cache;
+pub mod check;
+pub mod config;
+mod error;
+mod host;
+mod instance;
+mod loader;
+pub mod resolve;
+mod sandbox;
+pub mod swap;
+mod ticker;
+
+pub use adapters::{WasmEviction, WasmPlacement, WasmReclamation};
+pub use bindings::{tensor_from_wit, tensor_to_wit, WIT_VERSION};
+pub use cache::LoadSource;
+pub use check::{check, Verdict};
+pub use config::{CacheDir, Limits, Runtime, RuntimeConfig};
+pub use error::{LoadError, SwapError};
+pub use instance::WasmPolicy;
+pub use loader::Loaded;
+pub use resolve::{resolve, resolve_with, Resolved};
+pub use sandbox::MemoryLimitExceeded;
+pub use swap::{CarryState, SharedAllocator, SwapOptions, SwapReport};

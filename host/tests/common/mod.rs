@@ -1,0 +1,107 @@
+//! Helpers shared by the policy runtime's integration tests: building the
+//! guest components once per test binary, runtimes with a private artifact
+//! cache.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use wasmem::policy::{CacheDir, Limits, Runtime, RuntimeConfig};
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Whether the wasm32-wasip2 target is installed.
+pub fn have_wasm_target() -> bool {
+    Command::new("rustc")
+        .args(["--print", "target-libdir", "--target", "wasm32-wasip2"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .is_some_and(|d| Path::new(d.trim()).is_dir())
+}
+
+fn cargo_build(manifest_dir: &Path) -> Result<(), String> {
+    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(manifest_dir)
+        .env("CARGO_TARGET_DIR", manifest_dir.join("target"))
+        .args(["build", "--release", "--target", "wasm32-wasip2", "--quiet"])
+        .output()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("cargo build in {} failed:\n{}", manifest_dir.display(), String::from_utf8_lossy(&out.stderr)))
+    }
+}
+
+/// Builds `dir` once per process; `None` (with a message) when the wasm32-wasip2
+/// target is missing; panics when the build itself fails.
+fn built(dir: &'static OnceLock<Option<PathBuf>>, manifest_dir: PathBuf) -> Option<PathBuf> {
+    dir.get_or_init(|| {
+        if !have_wasm_target() {
+            eprintln!("SKIP: the wasm32-wasip2 target is not installed (rustup target add wasm32-wasip2)");
+            return None;
+        }
+        if let Err(e) = cargo_build(&manifest_dir) {
+            panic!("{e}");
+        }
+        Some(manifest_dir.join("target/wasm32-wasip2/release"))
+    })
+    .clone()
+}
+
+/// A shipped Rust policy (`pytorch-like`, `lru-evict`, `lifecycle`,
+/// `watermark-reclaim`), built from `policies/` on first use.
+pub fn rust_policy(name: &str) -> Option<PathBuf> {
+    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    let dir = built(&DIR, repo().join("policies"))?;
+    let p = dir.join(format!("{}.wasm", name.replace('-', "_")));
+    assert!(p.is_file(), "{} was not built", p.display());
+    Some(p)
+}
+
+/// The hostile policy of `tests/hostile`, built on first use.
+pub fn hostile() -> Option<PathBuf> {
+    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    let dir = built(&DIR, repo().join("tests/hostile"))?;
+    Some(dir.join("hostile.wasm"))
+}
+
+/// A WAT component of `tests/hostile/wat`, compiled to a binary.
+pub fn wat(name: &str) -> Vec<u8> {
+    let path = repo().join("tests/hostile/wat").join(format!("{name}.wat"));
+    wat::parse_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A private artifact cache directory for this test binary.
+pub fn cache_dir(tag: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("wasmem-cache-{tag}"))
+}
+
+/// A runtime with `limits` and a private cache.
+pub fn runtime_with(limits: Limits, tag: &str) -> Runtime {
+    Runtime::new(RuntimeConfig { limits, epoch_tick: None, cache: CacheDir::At(cache_dir(tag)) }).expect("runtime")
+}
+
+/// A runtime whose deadline is generous enough that a loaded test machine
+/// never trips it (tests that count fallbacks exactly use this one).
+pub fn relaxed_runtime() -> Runtime {
+    runtime_with(Limits { deadline: Some(Duration::from_secs(2)), ..Limits::default() }, "relaxed")
+}
+
+/// Skips the calling test (returns) when `$e` is `None`.
+#[macro_export]
+macro_rules! need {
+    ($e:expr) => {
+        match $e {
+            Some(v) => v,
+            None => return,
+        }
+    };
+}

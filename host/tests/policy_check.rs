@@ -1,0 +1,68 @@
+//! `policy::check`: shipped policies pass; hostile ones fail with the reason.
+
+mod common;
+
+use std::time::Duration;
+
+use wasmem::policy::check::{check_with, runtime_with_deadline, CheckOptions, Outcome};
+
+fn opts(config: &str) -> CheckOptions {
+    CheckOptions { cases: 500, config: config.to_string(), ..CheckOptions::default() }
+}
+
+#[test]
+fn shipped_rust_policies_pass() {
+    let rt = common::relaxed_runtime();
+    for name in ["pytorch-like", "lru-evict", "watermark-reclaim", "lifecycle"] {
+        let path = need!(common::rust_policy(name));
+        let v = check_with(&rt, &path, &opts(""));
+        println!("{v}");
+        assert!(v.passed(), "{v}");
+        assert_eq!(v.policy, name);
+    }
+}
+
+#[test]
+fn default_check_passes_pytorch_like() {
+    let path = need!(common::rust_policy("pytorch-like"));
+    let v = wasmem::policy::check(&path);
+    // The default 1 ms deadline could be missed on an overloaded machine;
+    // the verdict then says so. Any other failure is a bug.
+    assert!(v.passed() || v.items.iter().all(|i| i.outcome != Outcome::Fail || i.detail.contains("deadline")), "{v}");
+    assert!(v.to_string().contains("pytorch-like"));
+}
+
+#[test]
+fn hostile_modes_fail_with_reasons() {
+    let rt = runtime_with_deadline(Duration::from_millis(20)).unwrap();
+    let path = need!(common::hostile());
+    assert!(check_with(&rt, &path, &opts("mode=ok")).passed());
+    for (mode, check, reason) in [
+        ("mode=loop", "placement: valid decisions within limits", "deadline exceeded"),
+        ("mode=bad-pool", "placement: valid decisions within limits", "pool 7 does not exist"),
+        ("mode=bad-victims", "eviction: valid victims within limits", "not offered"),
+        ("mode=bad-reclaim", "reclamation: valid decisions within limits", "no-such-pool"),
+        ("mode=fickle", "placement: cacheable decisions agree per memo key", "earlier"),
+        ("mode=bad-state", "state: save-state → load-state", "refuses a state"),
+        ("mode=trap-nth n=100", "placement: valid decisions within limits", "traps on call 100"),
+        ("mode=empty-pools", "instantiate + init", "empty"),
+    ] {
+        let v = check_with(&rt, &path, &CheckOptions { cases: 200, ..opts(mode) });
+        assert!(!v.passed(), "{mode}: {v}");
+        let item = v.items.iter().find(|i| i.name == check).unwrap_or_else(|| panic!("{mode}: no `{check}` in\n{v}"));
+        assert_eq!(item.outcome, Outcome::Fail, "{mode}: {v}");
+        assert!(item.detail.contains(reason), "{mode}: {v}");
+    }
+}
+
+#[test]
+fn wrong_version_fails_at_load() {
+    let dir = common::cache_dir("check-wat");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("future.wasm");
+    std::fs::write(&path, common::wat("wrong-version")).unwrap();
+    let v = wasmem::policy::check(&path);
+    assert!(!v.passed());
+    let text = v.to_string();
+    assert!(text.contains("FAIL") && text.contains("wasmem:policy/placement@9.0.0"), "{text}");
+}

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Builds the hostile policy corpus into tests/hostile/out/*.wasm (not committed).
+# Rust crates → wasm32-wasip2 components; WAT components are compiled by the
+# tests themselves with the `wat` crate.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+export CARGO_TARGET_DIR="${HOSTILE_TARGET_DIR:-$here/target}"
+cargo build --manifest-path "$here/Cargo.toml" --release --target wasm32-wasip2 --quiet
+mkdir -p "$here/out"
+cp "$CARGO_TARGET_DIR/wasm32-wasip2/release/hostile.wasm" "$here/out/hostile.wasm"
+echo "$here/out/hostile.wasm"
