@@ -30,6 +30,7 @@ pub mod alloc;
 pub mod builtin;
 pub mod decision;
 pub mod device;
+pub mod plot;
 pub mod policy;
 pub mod replay;
 pub mod report;

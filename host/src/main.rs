@@ -8,9 +8,12 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use rayon::prelude::*;
 
-use wasmem::builtin::{self, Policies};
+use std::time::Duration;
+
+use wasmem::builtin::Policies;
 use wasmem::device::sim::SimConfig;
-use wasmem::replay::{replay_with, Metrics, ReplayConfig};
+use wasmem::policy::{resolve_with, Limits, Runtime, RuntimeConfig};
+use wasmem::replay::{replay_split, Metrics, ReplayConfig, Split};
 use wasmem::report;
 use wasmem::synth::{synth, ModelSpec, Optimizer};
 use wasmem::trace::Event;
@@ -31,7 +34,9 @@ enum Command {
     Replay {
         #[command(flatten)]
         common: Common,
-        /// Policy: a built-in name (naive, pytorch, lifecycle).
+        /// Policy: a built-in name (naive, pytorch, lifecycle), a shipped policy
+        /// name (pytorch-like, lru-evict, …), a `.wasm` path, or `a+b` to take each
+        /// role from the first part that provides it.
         #[arg(long, default_value = "lifecycle")]
         policy: String,
         /// Write the replay's final state and actions as a PyTorch memory
@@ -46,6 +51,17 @@ enum Command {
         /// Policies to compare (repeat); ratios are against the first.
         #[arg(long = "policy", default_values_t = ["pytorch".to_string(), "lifecycle".to_string(), "naive".to_string()])]
         policies: Vec<String>,
+        /// Draw reserved and allocated bytes over each workload into this SVG file.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        /// Hot-swap every policy to POLICY before event EVENT (0-based) and report both halves.
+        #[arg(long, value_name = "EVENT:POLICY", value_parser = parse_swap)]
+        swap_at: Option<(u64, String)>,
+    },
+    /// Work with WebAssembly policy components.
+    Policy {
+        #[command(subcommand)]
+        cmd: PolicyCommand,
     },
     /// Synthesize a transformer-training trace (trace v1) from a model description.
     Synth {
@@ -54,6 +70,15 @@ enum Command {
         /// Output file (`.jsonl` or `.jsonl.gz`).
         #[arg(short, long)]
         output: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// Validate a component's exports and WIT version and run the conformance suite.
+    Check {
+        /// The component (`.wasm`).
+        file: PathBuf,
     },
 }
 
@@ -157,12 +182,31 @@ struct Common {
     /// Print one JSON object per (trace, policy) instead of text.
     #[arg(long)]
     json: bool,
+    /// Per-call deadline of WebAssembly policies, in milliseconds.
+    #[arg(long, default_value_t = 1.0)]
+    deadline_ms: f64,
 }
 
-fn policies_for(spec: &str) -> Result<Policies> {
-    builtin::by_name(spec).with_context(|| {
-        format!("unknown policy `{spec}`: built-in policies are {}", builtin::BUILTIN_NAMES.join(", "))
-    })
+/// The policy runtime of this process (one engine, one artifact cache).
+fn runtime(deadline_ms: f64) -> Result<&'static Runtime> {
+    static RT: std::sync::OnceLock<Runtime> = std::sync::OnceLock::new();
+    if let Some(rt) = RT.get() {
+        return Ok(rt);
+    }
+    if !(deadline_ms.is_finite() && deadline_ms > 0.0) {
+        bail!("--deadline-ms must be a positive number of milliseconds, not {deadline_ms}");
+    }
+    let rt = Runtime::new(RuntimeConfig {
+        limits: Limits { deadline: Some(Duration::from_secs_f64(deadline_ms / 1e3)), ..Limits::default() },
+        ..RuntimeConfig::default()
+    })?;
+    Ok(RT.get_or_init(|| rt))
+}
+
+/// Resolves a policy spec: a built-in name, a shipped policy name, a `.wasm`
+/// path, or several joined by `+` (see `wasmem::policy::resolve`).
+fn policies_for(spec: &str, deadline_ms: f64) -> Result<Policies> {
+    Ok(resolve_with(runtime(deadline_ms)?, spec).with_context(|| format!("cannot load policy `{spec}`"))?.policies)
 }
 
 /// A workload: a trace file or a synthesized preset.
@@ -237,35 +281,77 @@ fn inputs(common: &Common) -> Result<Vec<Input>> {
     Ok(v)
 }
 
-fn run_one(input: &Input, policy: &str, common: &Common, progress: bool) -> Result<Metrics> {
-    run_full(input, policy, common, progress, None)
+fn parse_swap(s: &str) -> Result<(u64, String), String> {
+    let (e, p) = s.split_once(':').ok_or_else(|| format!("`{s}`: expected EVENT:POLICY, e.g. 5000:lifecycle"))?;
+    let e = e.trim().parse().map_err(|_| format!("`{e}` is not an event index"))?;
+    if p.trim().is_empty() {
+        return Err(format!("`{s}`: the policy after `:` is missing"));
+    }
+    Ok((e, p.trim().to_string()))
 }
 
-fn run_full(
-    input: &Input,
-    policy: &str,
-    common: &Common,
+/// What one replay produced for the report.
+struct RunOut {
+    metrics: Metrics,
+    samples: Vec<wasmem::replay::Sample>,
+    halves: Option<wasmem::replay::Halves>,
+}
+
+/// Options of one replay beyond the common ones.
+#[derive(Default)]
+struct RunOpts<'a> {
     progress: bool,
-    export: Option<&std::path::Path>,
-) -> Result<Metrics> {
+    export: Option<&'a std::path::Path>,
+    sample_every: u64,
+    swap: Option<&'a (u64, String)>,
+}
+
+fn run_full(input: &Input, policy: &str, common: &Common, opts: &RunOpts<'_>) -> Result<RunOut> {
+    let (progress, export) = (opts.progress, opts.export);
     let reader = input.events()?;
     let cfg = ReplayConfig {
         device: SimConfig { capacity: common.device_mem, ..SimConfig::default() },
         record_actions: export.is_some(),
-        ..Default::default()
+        sample_every: opts.sample_every,
     };
-    let alloc = wasmem::alloc::Allocator::new(wasmem::device::sim::SimDevice::new(cfg.device), policies_for(policy)?);
+    let alloc = wasmem::alloc::Allocator::new(
+        wasmem::device::sim::SimDevice::new(cfg.device),
+        policies_for(policy, common.deadline_ms)?,
+    );
     let bar = progress.then(|| {
         let b = indicatif::ProgressBar::new_spinner();
         b.set_message(format!("{} · {policy}", input.name()));
         b
     });
-    let r = replay_with(reader, alloc, &cfg, |n| {
-        if let Some(b) = &bar {
-            b.set_position(n);
+    let split = match opts.swap {
+        Some((at, to)) => {
+            let next = policies_for(to, common.deadline_ms)?;
+            Some(Split {
+                at: *at,
+                hook: Box::new(move |a: &mut wasmem::alloc::Allocator<wasmem::device::sim::SimDevice>| {
+                    a.set_placement(next.placement);
+                    a.set_reclamation(next.reclamation);
+                    a.set_eviction(next.eviction);
+                }),
+            })
         }
-    })
+        None => None,
+    };
+    let (r, halves) = replay_split(
+        reader,
+        alloc,
+        &cfg,
+        |n| {
+            if let Some(b) = &bar {
+                b.set_position(n);
+            }
+        },
+        split,
+    )
     .with_context(|| format!("replay of {} with {policy} failed", input.name()))?;
+    if let (Some((at, _)), None) = (opts.swap, &halves) {
+        bail!("--swap-at {at}: {} has only {} events", input.name(), r.metrics.events);
+    }
     if let Some(b) = bar {
         b.finish_and_clear();
     }
@@ -280,7 +366,7 @@ fn run_full(
             snap.trace.len()
         );
     }
-    Ok(r.metrics)
+    Ok(RunOut { metrics: r.metrics, samples: r.samples, halves })
 }
 
 fn json_line(input: &Input, policy: &str, m: &Metrics) -> Result<String> {
@@ -297,14 +383,15 @@ fn json_line(input: &Input, policy: &str, m: &Metrics) -> Result<String> {
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Command::Replay { common, policy, export_snapshot } => {
-            policies_for(&policy)?;
+            policies_for(&policy, common.deadline_ms)?;
             let progress = !common.json && std::io::stderr().is_terminal();
             let ins = inputs(&common)?;
             if export_snapshot.is_some() && ins.len() != 1 {
                 bail!("--export-snapshot takes exactly one input ({} given)", ins.len());
             }
             for t in &ins {
-                let m = run_full(t, &policy, &common, progress, export_snapshot.as_deref())?;
+                let opts = RunOpts { progress, export: export_snapshot.as_deref(), ..RunOpts::default() };
+                let m = run_full(t, &policy, &common, &opts)?.metrics;
                 if common.json {
                     println!("{}", json_line(t, &policy, &m)?);
                 } else {
@@ -315,34 +402,82 @@ fn run(cli: Cli) -> Result<()> {
                 }
             }
         }
-        Command::Compare { common, policies } => {
+        Command::Compare { common, policies, plot, swap_at } => {
             if policies.is_empty() {
                 bail!("give at least one --policy");
             }
             for p in &policies {
-                policies_for(p)?;
+                policies_for(p, common.deadline_ms)?;
             }
             let ins = inputs(&common)?;
             let pairs: Vec<(usize, usize)> =
                 (0..ins.len()).flat_map(|t| (0..policies.len()).map(move |p| (t, p))).collect();
-            let results: Vec<Result<Metrics>> =
-                pairs.par_iter().map(|&(t, p)| run_one(&ins[t], &policies[p], &common, false)).collect();
+            if let Some((_, to)) = &swap_at {
+                policies_for(to, common.deadline_ms)?;
+            }
+            let opts = RunOpts {
+                sample_every: if plot.is_some() { 8 } else { 0 },
+                swap: swap_at.as_ref(),
+                ..RunOpts::default()
+            };
+            let results: Vec<Result<RunOut>> =
+                pairs.par_iter().map(|&(t, p)| run_full(&ins[t], &policies[p], &common, &opts)).collect();
             let mut it = results.into_iter();
+            let mut charts = Vec::new();
             for t in &ins {
                 let mut cols = Vec::new();
+                let mut half_cols = Vec::new();
+                let mut runs = Vec::new();
                 for p in &policies {
-                    let m = it.next().expect("one result per pair")?;
+                    let out = it.next().expect("one result per pair")?;
                     if common.json {
-                        println!("{}", json_line(t, p, &m)?);
+                        let mut line: serde_json::Value = serde_json::from_str(&json_line(t, p, &out.metrics)?)?;
+                        if let Some(h) = &out.halves {
+                            line["halves"] = serde_json::to_value(h)?;
+                        }
+                        println!("{line}");
                     }
-                    cols.push((p.clone(), m));
+                    if let (Some(h), Some((_, to))) = (&out.halves, &swap_at) {
+                        half_cols.push((format!("{p} [0,{})", h.split_at), h.first.clone()));
+                        half_cols.push((format!("→{to} [{},end)", h.split_at), h.second.clone()));
+                    }
+                    cols.push((p.clone(), out.metrics.clone()));
+                    runs.push((p.clone(), out));
+                }
+                if plot.is_some() {
+                    charts.push((t.name(), runs));
                 }
                 if !common.json {
                     println!("{}", report::comparison_table(&format!("== {} ==", t.name()), &cols));
+                    if !half_cols.is_empty() {
+                        let title = format!("== {} · both halves of the hot swap ==", t.name());
+                        println!("{}", report::comparison_table(&title, &half_cols));
+                    }
                     if let Some(info) = pytorch_figures(t)? {
                         println!("{}\n", pytorch_line(&info));
                     }
                 }
+            }
+            if let Some(path) = &plot {
+                let series: Vec<(String, Vec<wasmem::plot::Series<'_>>)> = charts
+                    .iter()
+                    .map(|(title, runs)| {
+                        let s = runs
+                            .iter()
+                            .map(|(p, out)| wasmem::plot::Series { label: p, samples: &out.samples })
+                            .collect();
+                        (title.clone(), s)
+                    })
+                    .collect();
+                wasmem::plot::draw(path, &series)?;
+                eprintln!("wrote {}", path.display());
+            }
+        }
+        Command::Policy { cmd: PolicyCommand::Check { file } } => {
+            let verdict = wasmem::policy::check(&file);
+            print!("{verdict}");
+            if !verdict.passed() {
+                bail!("{} failed the conformance suite", file.display());
             }
         }
         Command::Synth { model, output } => {

@@ -156,15 +156,58 @@ where
 /// the event count every 65,536 events.
 pub fn replay_with<D, E, I>(
     events: I,
-    mut alloc: Allocator<D>,
+    alloc: Allocator<D>,
     cfg: &ReplayConfig,
-    mut progress: impl FnMut(u64),
+    progress: impl FnMut(u64),
 ) -> Result<Replay<D>, ReplayError>
 where
     D: Device,
     I: IntoIterator<Item = Result<Event, E>>,
     E: std::fmt::Display,
 {
+    replay_split(events, alloc, cfg, progress, None).map(|(r, _)| r)
+}
+
+/// What a [`Split`] does to the allocator.
+pub type SplitHook<'a, D> = Box<dyn FnOnce(&mut Allocator<D>) + 'a>;
+
+/// A hook run once, before the event of index `at` (0-based), typically to
+/// swap policies mid-replay.
+pub struct Split<'a, D: Device> {
+    /// Index of the first event of the second half.
+    pub at: u64,
+    /// What to do to the allocator at that point.
+    pub hook: SplitHook<'a, D>,
+}
+
+/// Metrics of the two halves of a split replay: counters are counted within
+/// each half, peaks are the peaks within each half.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Halves {
+    /// Index of the first event of the second half.
+    pub split_at: u64,
+    /// Events before the split.
+    pub first: Metrics,
+    /// Events from the split on.
+    pub second: Metrics,
+}
+
+/// Replays like [`replay_with`], running `split.hook` before event `split.at`
+/// and reporting both halves.
+pub fn replay_split<'a, D, E, I>(
+    events: I,
+    mut alloc: Allocator<D>,
+    cfg: &ReplayConfig,
+    mut progress: impl FnMut(u64),
+    mut split: Option<Split<'a, D>>,
+) -> Result<(Replay<D>, Option<Halves>), ReplayError>
+where
+    D: Device,
+    I: IntoIterator<Item = Result<Event, E>>,
+    E: std::fmt::Display,
+{
+    let mut first: Option<(Metrics, Stats, crate::device::DeviceCounters)> = None;
+    let mut half_peak_live = 0u64;
     alloc.record_actions(cfg.record_actions);
     let start = Instant::now();
     let mut ids: FxHashMap<u64, (Option<TensorId>, u64)> = FxHashMap::default();
@@ -174,11 +217,22 @@ where
     for (n, ev) in events.into_iter().enumerate() {
         let n = n as u64;
         let ev = ev.map_err(|e| ReplayError::Source(e.to_string()))?;
+        if split.as_ref().is_some_and(|s| s.at == n) {
+            let s = split.take().expect("checked");
+            let mut fm = m.clone();
+            fill(&mut fm, &alloc.stats(), alloc.device());
+            fm.wall_seconds = start.elapsed().as_secs_f64();
+            first = Some((fm, alloc.stats(), alloc.device().counters()));
+            (s.hook)(&mut alloc);
+            alloc.reset_peaks();
+            half_peak_live = live;
+        }
         match ev {
             Event::Alloc { id, bytes, kind, stream, .. } => {
                 m.allocs += 1;
                 live += bytes;
                 m.peak_live_bytes = m.peak_live_bytes.max(live);
+                half_peak_live = half_peak_live.max(live);
                 let handle = if bytes == 0 {
                     m.zero_byte_allocs += 1;
                     None
@@ -224,7 +278,25 @@ where
     fill(&mut m, &alloc.stats(), alloc.device());
     m.wall_seconds = wall;
     m.events_per_second = if wall > 0.0 { m.events as f64 / wall } else { 0.0 };
-    Ok(Replay { metrics: m, samples, allocator: alloc })
+    let halves = first.map(|(f, stats0, dev0)| {
+        let mut sm = Metrics {
+            events: m.events - f.events,
+            allocs: m.allocs - f.allocs,
+            frees: m.frees - f.frees,
+            peak_live_bytes: half_peak_live,
+            zero_byte_allocs: m.zero_byte_allocs - f.zero_byte_allocs,
+            ..Metrics::default()
+        };
+        let s = alloc.stats();
+        fill(&mut sm, &s.minus(&stats0), alloc.device());
+        sm.device_time_us = alloc.device().counters().time_us - dev0.time_us;
+        sm.wall_seconds = wall - f.wall_seconds;
+        sm.events_per_second = if sm.wall_seconds > 0.0 { sm.events as f64 / sm.wall_seconds } else { 0.0 };
+        let mut f = f;
+        f.events_per_second = if f.wall_seconds > 0.0 { f.events as f64 / f.wall_seconds } else { 0.0 };
+        Halves { split_at: f.events, first: f, second: sm }
+    });
+    Ok((Replay { metrics: m, samples, allocator: alloc }, halves))
 }
 
 fn fill<D: Device>(m: &mut Metrics, s: &Stats, dev: &D) {

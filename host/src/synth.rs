@@ -160,10 +160,10 @@ impl ModelSpec {
                 return Err(format!("{field} = {v} is out of range"));
             }
         }
-        if self.hidden % self.heads != 0 {
+        if !self.hidden.is_multiple_of(self.heads) {
             return Err(format!("hidden ({}) must be a multiple of heads ({})", self.hidden, self.heads));
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(format!("heads ({}) must be a multiple of kv_heads ({})", self.heads, self.kv_heads));
         }
         if ![2, 4].contains(&self.dtype_bytes) {

@@ -166,7 +166,7 @@ impl FreeIndex {
                 if bin.iter().any(|&(s, _, _)| bin_of(s) != k) {
                     return Err(format!("{stream}: bin {k} holds a size of another bin"));
                 }
-                if (bins.nonempty[k / 64] >> (k % 64) & 1 == 1) != !bin.is_empty() {
+                if (bins.nonempty[k / 64] >> (k % 64) & 1 == 1) == bin.is_empty() {
                     return Err(format!("{stream}: bitmap bit {k} disagrees with the bin"));
                 }
                 n += bin.len();

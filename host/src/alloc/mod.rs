@@ -156,6 +156,9 @@ pub struct Action {
     pub tensor_kind: Option<TensorKind>,
 }
 
+/// One block of a [`SegmentView`]: `(offset, size, (requested bytes, kind) if allocated)`.
+pub type BlockView = (u64, u64, Option<(u64, TensorKind)>);
+
 /// A read-only view of one segment and its blocks, lowest address first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SegmentView {
@@ -167,8 +170,8 @@ pub struct SegmentView {
     pub pool: String,
     /// Stream.
     pub stream: StreamId,
-    /// `(offset, size, (requested bytes, kind) if allocated)` per block.
-    pub blocks: Vec<(u64, u64, Option<(u64, TensorKind)>)>,
+    /// The blocks, lowest address first.
+    pub blocks: Vec<BlockView>,
 }
 
 /// The caching allocator over a device `D`.
@@ -293,6 +296,16 @@ impl<D: Device> Allocator<D> {
         s.policy_traps = traps;
         s.policy_fallbacks = fallbacks;
         s
+    }
+
+    /// Starts new peaks from the current gauges (whole allocator and pools),
+    /// e.g. to measure the second half of a replay after a policy swap.
+    pub fn reset_peaks(&mut self) {
+        for g in std::iter::once(&mut self.stats.bytes).chain(self.pools.iter_mut().map(|p| &mut p.gauges)) {
+            g.peak_live_bytes = g.live_bytes;
+            g.peak_allocated_bytes = g.allocated_bytes;
+            g.peak_reserved_bytes = g.reserved_bytes;
+        }
     }
 
     /// Byte gauges of the whole allocator (cheap).
@@ -540,8 +553,19 @@ impl<D: Device> Allocator<D> {
     fn run_reclaim(&mut self, trigger: &ReclaimTrigger) -> Result<(), AllocError> {
         let ctx = self.context();
         let pools = &self.pools;
-        let (d, _) = self.policies.reclaim(trigger, &ctx, |name| pools.iter().any(|p| p.name == name));
+        let (mut d, _) = self.policies.reclaim(trigger, &ctx, |name| pools.iter().any(|p| p.name == name));
         if d.release_bytes > 0 {
+            // Pools the current placement policy no longer places into (left
+            // by a swapped-out policy) only strand memory: a release that names
+            // pools includes them too.
+            if let Some(names) = d.pools.as_mut() {
+                for (i, p) in self.pools.iter().enumerate() {
+                    let served = self.policies.pool_map.contains(&(i as u32));
+                    if !served && !names.contains(&p.name) {
+                        names.push(p.name.clone());
+                    }
+                }
+            }
             self.release_cached(&d)?;
         }
         Ok(())

@@ -35,6 +35,15 @@ pub struct RoleHealth {
 }
 
 impl RoleHealth {
+    /// A new policy takes the role: its failure streak, disabling and log
+    /// memory start over; the counters keep counting (they are the role's).
+    fn fresh_policy(&mut self) {
+        self.consecutive_failures = 0;
+        self.disabled = false;
+        self.last_error = None;
+        self.logged.clear();
+    }
+
     fn record(&mut self, role: Role, policy: &str, err: &PolicyError, max: u32) {
         if matches!(
             err,
@@ -124,17 +133,17 @@ impl PolicySet {
         self.memoize = p.memoizable();
         self.memo.clear();
         self.placement = p;
-        self.health[0] = RoleHealth::default();
+        self.health[0].fresh_policy();
     }
 
     pub(crate) fn set_reclamation(&mut self, p: Box<dyn ReclamationPolicy>) {
         self.reclamation = p;
-        self.health[1] = RoleHealth::default();
+        self.health[1].fresh_policy();
     }
 
     pub(crate) fn set_eviction(&mut self, p: Box<dyn EvictionPolicy>) {
         self.eviction = p;
-        self.health[2] = RoleHealth::default();
+        self.health[2].fresh_policy();
     }
 
     /// Names of the active policies (placement, reclamation, eviction).

@@ -56,6 +56,31 @@ impl Gauges {
     }
 }
 
+impl Stats {
+    /// Counters accumulated since `earlier` (gauges and peaks are kept as they are now).
+    pub fn minus(&self, earlier: &Stats) -> Stats {
+        Stats {
+            bytes: self.bytes,
+            allocs: self.allocs - earlier.allocs,
+            frees: self.frees - earlier.frees,
+            uses: self.uses - earlier.uses,
+            cache_hits: self.cache_hits - earlier.cache_hits,
+            ooms: self.ooms - earlier.ooms,
+            device_alloc_calls: self.device_alloc_calls - earlier.device_alloc_calls,
+            device_free_calls: self.device_free_calls - earlier.device_free_calls,
+            device_syncs: self.device_syncs - earlier.device_syncs,
+            reclaimed_bytes: self.reclaimed_bytes - earlier.reclaimed_bytes,
+            evicted_bytes: self.evicted_bytes - earlier.evicted_bytes,
+            prefetched_bytes: self.prefetched_bytes - earlier.prefetched_bytes,
+            moved_bytes: self.moved_bytes - earlier.moved_bytes,
+            policy_calls: self.policy_calls - earlier.policy_calls,
+            policy_traps: self.policy_traps - earlier.policy_traps,
+            policy_fallbacks: self.policy_fallbacks - earlier.policy_fallbacks,
+            policy_memo_hits: self.policy_memo_hits - earlier.policy_memo_hits,
+        }
+    }
+}
+
 /// Counters and gauges of one allocator.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Stats {

@@ -13,8 +13,8 @@ wasmtime::component::bindgen!({
 });
 
 pub use exports::wasmem::policy::{eviction, lifecycle, placement, reclamation};
-pub use wasmem::policy::host::LogLevel;
-pub use wasmem::policy::types as wit;
+pub use self::wasmem::policy::host::LogLevel;
+pub use self::wasmem::policy::types as wit;
 
 use crate::decision;
 use crate::types::{Phase, TensorId, TensorKind, Tier};
