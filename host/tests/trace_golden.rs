@@ -181,7 +181,10 @@ fn parse_speed() {
                     t_us,
                 },
                 Event::Free { id, t_us } => Event::Free { id: id + off, t_us },
-                Event::Use { id, stream } => Event::Use { id: id + off, stream },
+                Event::Use { id, stream } => Event::Use {
+                    id: id + off,
+                    stream,
+                },
                 p => p,
             };
             w.write(&e).unwrap();
