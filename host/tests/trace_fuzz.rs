@@ -334,7 +334,7 @@ fn billion_laughs_stays_small() {
     // l0 = [0]; l(k+1) = [l(k), l(k)]; {"segments": l60}. A copying reader
     // would build 2**60 lists; this one keeps 61.
     let mut b = PROTO4.to_vec();
-    b.extend_from_slice(&[b'}']);
+    b.push(b'}');
     short_str(&mut b, "device_traces");
     // l0, memoized as 0, then popped: only the memo holds it.
     b.extend_from_slice(&[b']', 0x94, b'K', 0, b'a', b'0']);

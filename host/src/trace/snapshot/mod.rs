@@ -55,7 +55,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use self::pickle::{Pickle, PickleError, Val};
 use super::{Event, TraceHeader};
@@ -691,18 +691,14 @@ fn build_events(raw: &RawSnapshot) -> (Vec<Event>, SnapshotInfo) {
         .fold(0u64, |acc, b| acc.saturating_add(b.size));
 
     // Pass 1: which frees have no alloc in the window, what is live at the end.
-    let mut live: FxHashMap<u64, ()> = FxHashMap::default();
+    let mut live: FxHashSet<u64> = FxHashSet::default();
     let mut pre_frees: Vec<usize> = Vec::new();
     for (i, e) in raw.entries.iter().enumerate() {
         match e.action {
             Action::Alloc => {
-                live.insert(e.addr, ());
+                live.insert(e.addr);
             }
-            Action::FreeCompleted => {
-                if live.remove(&e.addr).is_none() {
-                    pre_frees.push(i);
-                }
-            }
+            Action::FreeCompleted if !live.remove(&e.addr) => pre_frees.push(i),
             _ => {}
         }
     }
@@ -710,7 +706,7 @@ fn build_events(raw: &RawSnapshot) -> (Vec<Event>, SnapshotInfo) {
         .segments
         .iter()
         .flat_map(|s| s.blocks.iter().map(move |b| (b, s.stream)))
-        .filter(|(b, _)| b.active && !live.contains_key(&b.address))
+        .filter(|(b, _)| b.active && !live.contains(&b.address))
         .collect();
     end_only.sort_by_key(|(b, _)| b.address);
 

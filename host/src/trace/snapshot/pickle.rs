@@ -430,7 +430,7 @@ impl<'a> Parser<'a> {
     }
 
     fn set_items(&mut self, items: Vec<Val>) -> R<()> {
-        if items.len() % 2 != 0 {
+        if !items.len().is_multiple_of(2) {
             return self.fail("odd number of items for a dict");
         }
         let pairs = items.chunks_exact(2).map(|kv| (kv[0], kv[1]));
@@ -705,7 +705,7 @@ impl<'a> Parser<'a> {
                 EMPTY_DICT => self.push_node(Node::Dict(Vec::new()))?,
                 DICT => {
                     let items = self.pop_mark()?;
-                    if items.len() % 2 != 0 {
+                    if !items.len().is_multiple_of(2) {
                         return self.fail("odd number of items for a dict");
                     }
                     let pairs = items.chunks_exact(2).map(|kv| (kv[0], kv[1])).collect();
