@@ -43,6 +43,11 @@ pub struct ExportInput {
 }
 
 /// A segment (one device allocation) at the end of the replay.
+///
+/// Its blocks must tile it in address order (first block at `address`, each
+/// next one where the previous ends, sizes summing to `total_size`):
+/// PyTorch's visualizer places blocks by adding up their sizes from the
+/// segment's address. [`export_bytes`] checks this.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ExportSegment {
     /// Start address.
@@ -141,6 +146,9 @@ pub struct ExportTraceEntry {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ExportError {
+    /// The input breaks a rule of the snapshot shape.
+    #[error("invalid export input: {0}")]
+    Invalid(String),
     /// Serializing the pickle failed.
     #[error("cannot serialize the snapshot: {0}")]
     Pickle(#[from] serde_pickle::Error),
@@ -224,6 +232,7 @@ fn frames(kind: Option<TensorKind>) -> Vec<PyFrame> {
 
 /// Serializes `input` to snapshot pickle bytes.
 pub fn export_bytes(input: &ExportInput) -> Result<Vec<u8>, ExportError> {
+    input.check()?;
     let segments = input
         .segments
         .iter()
@@ -239,7 +248,11 @@ pub fn export_bytes(input: &ExportInput) -> Result<Vec<u8>, ExportError> {
                 active_size: allocated,
                 requested_size: requested,
                 stream: s.stream,
-                segment_type: if s.total_size <= 2 * MIB { "small" } else { "large" },
+                segment_type: if s.total_size <= 2 * MIB {
+                    "small"
+                } else {
+                    "large"
+                },
                 segment_pool_id: (0, 0),
                 is_expandable: false,
                 frames: Vec::new(),
@@ -285,7 +298,10 @@ pub fn export_bytes(input: &ExportInput) -> Result<Vec<u8>, ExportError> {
             roundup_power2_divisions: (0..16).map(|i| ((1u32 << i).to_string(), 0)).collect(),
         },
     };
-    Ok(serde_pickle::to_vec(&snapshot, serde_pickle::SerOptions::new())?)
+    Ok(serde_pickle::to_vec(
+        &snapshot,
+        serde_pickle::SerOptions::new(),
+    )?)
 }
 
 /// Serializes `input` and writes it to `path`.
@@ -296,6 +312,30 @@ pub fn export_file(path: impl AsRef<Path>, input: &ExportInput) -> Result<(), Ex
 }
 
 impl ExportInput {
+    /// Checks that the blocks of every segment tile it in address order.
+    pub fn check(&self) -> Result<(), ExportError> {
+        for (i, s) in self.segments.iter().enumerate() {
+            let mut at = s.address;
+            for (k, b) in s.blocks.iter().enumerate() {
+                if b.address != at {
+                    return Err(ExportError::Invalid(format!(
+                        "segments[{i}].blocks[{k}] starts at {:#x}, expected {at:#x} \
+                         (blocks must tile their segment in address order)",
+                        b.address
+                    )));
+                }
+                at = at.saturating_add(b.size);
+            }
+            let end = s.address.saturating_add(s.total_size);
+            if !s.blocks.is_empty() && at != end {
+                return Err(ExportError::Invalid(format!(
+                    "the blocks of segments[{i}] end at {at:#x}, the segment at {end:#x}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Lays out a v1 event stream without any caching: every tensor gets its
     /// own segment (its size rounded up to 512 bytes), obtained at its
     /// `alloc` and returned at its `free`. This is what a replay without an
@@ -317,7 +357,8 @@ impl ExportInput {
                     let time_us = t_us.unwrap_or(i as u64);
                     let size = bytes.max(1).div_ceil(512).saturating_mul(512);
                     let addr = next_addr;
-                    next_addr = next_addr.saturating_add(size.div_ceil(2 * MIB).saturating_mul(2 * MIB));
+                    next_addr =
+                        next_addr.saturating_add(size.div_ceil(2 * MIB).saturating_mul(2 * MIB));
                     live.insert(id, (addr, bytes, stream, size, kind));
                     order.push(id);
                     trace.push(ExportTraceEntry {

@@ -55,7 +55,7 @@ use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use self::pickle::{Pickle, PickleError, Val};
 use super::{Event, TraceHeader};
@@ -180,7 +180,9 @@ pub enum SnapshotErrorKind {
         limit: usize,
     },
     /// The walk visited more than [`ImportLimits::max_walk_steps`] items.
-    #[error("the snapshot has more than {limit} items to visit (raise ImportLimits::max_walk_steps)")]
+    #[error(
+        "the snapshot has more than {limit} items to visit (raise ImportLimits::max_walk_steps)"
+    )]
     TooManySteps {
         /// The limit.
         limit: u64,
@@ -217,7 +219,10 @@ pub enum SnapshotErrorKind {
 }
 
 /// Imports a snapshot file.
-pub fn import_file(path: impl AsRef<Path>, opts: &ImportOptions) -> Result<Snapshot, SnapshotError> {
+pub fn import_file(
+    path: impl AsRef<Path>,
+    opts: &ImportOptions,
+) -> Result<Snapshot, SnapshotError> {
     let path = path.as_ref();
     let name = path.display().to_string();
     let err = |kind| SnapshotError { file: name.clone(), kind };
@@ -235,7 +240,11 @@ pub fn import_file(path: impl AsRef<Path>, opts: &ImportOptions) -> Result<Snaps
 
 /// Imports a snapshot from memory; `name` labels it in errors and in the
 /// header's `source`.
-pub fn import_bytes(bytes: &[u8], name: &str, opts: &ImportOptions) -> Result<Snapshot, SnapshotError> {
+pub fn import_bytes(
+    bytes: &[u8],
+    name: &str,
+    opts: &ImportOptions,
+) -> Result<Snapshot, SnapshotError> {
     import_named(bytes, name, name, opts)
 }
 
@@ -355,7 +364,10 @@ impl<'p, 'a> Walk<'p, 'a> {
     /// The value under a string key (the last one wins, as in Python).
     fn get(&mut self, d: &'p [(Val, Val)], key: &str) -> WalkResult<Option<Val>> {
         self.step(d.len())?;
-        Ok(d.iter().rev().find(|(k, _)| self.p.as_str(*k) == Some(key)).map(|&(_, v)| v))
+        Ok(d.iter()
+            .rev()
+            .find(|(k, _)| self.p.as_str(*k) == Some(key))
+            .map(|&(_, v)| v))
     }
 
     /// An optional non-negative integer (`None` also for Python's `None`).
@@ -465,7 +477,11 @@ impl<'p, 'a> Walk<'p, 'a> {
             }
         }
 
-        if segments.is_empty() && entries.is_empty() && !present.is_empty() && !present.contains(&u64::from(device)) {
+        if segments.is_empty()
+            && entries.is_empty()
+            && !present.is_empty()
+            && !present.contains(&u64::from(device))
+        {
             let list: Vec<String> = present.iter().map(u64::to_string).collect();
             return Err(SnapshotErrorKind::NoSuchDevice { device, present: list.join(", ") });
         }
@@ -589,18 +605,14 @@ fn build_events(raw: &RawSnapshot) -> (Vec<Event>, SnapshotInfo) {
         .fold(0u64, |acc, b| acc.saturating_add(b.size));
 
     // Pass 1: which frees have no alloc in the window, what is live at the end.
-    let mut live: FxHashMap<u64, ()> = FxHashMap::default();
+    let mut live: FxHashSet<u64> = FxHashSet::default();
     let mut pre_frees: Vec<usize> = Vec::new();
     for (i, e) in raw.entries.iter().enumerate() {
         match e.action {
             Action::Alloc => {
-                live.insert(e.addr, ());
+                live.insert(e.addr);
             }
-            Action::FreeCompleted => {
-                if live.remove(&e.addr).is_none() {
-                    pre_frees.push(i);
-                }
-            }
+            Action::FreeCompleted if !live.remove(&e.addr) => pre_frees.push(i),
             _ => {}
         }
     }
@@ -608,7 +620,7 @@ fn build_events(raw: &RawSnapshot) -> (Vec<Event>, SnapshotInfo) {
         .segments
         .iter()
         .flat_map(|s| s.blocks.iter().map(move |b| (b, s.stream)))
-        .filter(|(b, _)| b.active && !live.contains_key(&b.address))
+        .filter(|(b, _)| b.active && !live.contains(&b.address))
         .collect();
     end_only.sort_by_key(|(b, _)| b.address);
 
@@ -667,7 +679,10 @@ fn build_events(raw: &RawSnapshot) -> (Vec<Event>, SnapshotInfo) {
                 // live is the next pre-window block.
                 let id = ids.remove(&e.addr).or_else(|| pre.next());
                 if let Some(id) = id {
-                    events.push(Event::Free { id, t_us: e.time_us });
+                    events.push(Event::Free {
+                        id,
+                        t_us: e.time_us,
+                    });
                 }
             }
             _ => info.skipped_entries += 1,
