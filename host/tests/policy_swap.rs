@@ -35,7 +35,7 @@ fn swapping_under_concurrent_allocation_loses_nothing() {
                     rng ^= rng << 13;
                     rng ^= rng >> 7;
                     rng ^= rng << 17;
-                    if live.is_empty() || (live.len() < 48 && rng % 2 == 0) {
+                    if live.is_empty() || (live.len() < 48 && rng.is_multiple_of(2)) {
                         let bytes = 1 + rng % (1 << (8 + rng % 20));
                         let kind = TensorKind::ALL[(rng % 6) as usize];
                         let id = shared.alloc(bytes, kind, StreamId((t % 2) as u32)).expect("no allocation fails");

@@ -87,17 +87,9 @@ const MAX_LINE: usize = 4096;
 
 /// Reads a trace to its end or first error; returns the events read.
 fn read_trace(bytes: &[u8]) -> Result<Vec<Event>, String> {
-    let reader = TraceReader::with_options(
-        bytes,
-        "fuzz.jsonl",
-        ReadOptions {
-            max_line_len: MAX_LINE,
-        },
-    )
-    .map_err(|e| e.to_string())?;
-    reader
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())
+    let reader = TraceReader::with_options(bytes, "fuzz.jsonl", ReadOptions { max_line_len: MAX_LINE })
+        .map_err(|e| e.to_string())?;
+    reader.collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())
 }
 
 const MAX_VALUES: usize = 20_000;
@@ -105,11 +97,7 @@ const MAX_VALUES: usize = 20_000;
 fn small_limits() -> ImportOptions {
     ImportOptions {
         device: 0,
-        limits: ImportLimits {
-            max_input_bytes: 1 << 20,
-            max_values: MAX_VALUES,
-            max_walk_steps: 200_000,
-        },
+        limits: ImportLimits { max_input_bytes: 1 << 20, max_values: MAX_VALUES, max_walk_steps: 200_000 },
     }
 }
 
@@ -136,10 +124,7 @@ fn trace_bound(input_len: usize) -> usize {
 
 fn sample_events() -> Vec<Event> {
     let kinds = TensorKind::ALL;
-    let mut ev = vec![Event::Phase {
-        phase: Phase::Forward,
-        step: 0,
-    }];
+    let mut ev = vec![Event::Phase { phase: Phase::Forward, step: 0 }];
     for i in 0..12u64 {
         ev.push(Event::Alloc {
             id: i + 1,
@@ -148,21 +133,12 @@ fn sample_events() -> Vec<Event> {
             stream: (i % 3) as u32,
             t_us: (i % 2 == 0).then_some(i * 10),
         });
-        ev.push(Event::Use {
-            id: i + 1,
-            stream: (i % 4 == 0).then_some(1),
-        });
+        ev.push(Event::Use { id: i + 1, stream: (i % 4 == 0).then_some(1) });
         if i >= 3 {
-            ev.push(Event::Free {
-                id: i - 2,
-                t_us: Some(i * 10 + 5),
-            });
+            ev.push(Event::Free { id: i - 2, t_us: Some(i * 10 + 5) });
         }
     }
-    ev.push(Event::Phase {
-        phase: Phase::StepEnd,
-        step: 0,
-    });
+    ev.push(Event::Phase { phase: Phase::StepEnd, step: 0 });
     ev
 }
 
@@ -193,11 +169,9 @@ fn mutation() -> impl Strategy<Value = Mutation> {
     prop_oneof![
         (any::<usize>(), 1u8..=255).prop_map(|(i, b)| Mutation::Flip(i, b)),
         (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Mutation::Set(i, b)),
-        (any::<usize>(), proptest::collection::vec(any::<u8>(), 1..8))
-            .prop_map(|(i, b)| Mutation::Insert(i, b)),
+        (any::<usize>(), proptest::collection::vec(any::<u8>(), 1..8)).prop_map(|(i, b)| Mutation::Insert(i, b)),
         (any::<usize>(), 1usize..16).prop_map(|(i, n)| Mutation::Delete(i, n)),
-        (any::<usize>(), 1usize..64, any::<usize>())
-            .prop_map(|(i, n, j)| Mutation::Duplicate(i, n, j)),
+        (any::<usize>(), 1usize..64, any::<usize>()).prop_map(|(i, n, j)| Mutation::Duplicate(i, n, j)),
         any::<usize>().prop_map(Mutation::Truncate),
     ]
 }
@@ -301,19 +275,10 @@ fn unmutated_seeds_parse() {
     // The counting allocator sees the importer's arena.
     assert!(peak > bytes.len(), "peak {peak}");
     if std::env::var_os("WASMEM_PRINT_PEAKS").is_some() {
-        eprintln!(
-            "seed pickle: {} bytes, import peak {peak} bytes",
-            bytes.len()
-        );
+        eprintln!("seed pickle: {} bytes, import peak {peak} bytes", bytes.len());
     }
     assert_eq!(s.info.synthesized_allocs, 0);
-    assert_eq!(
-        s.events
-            .iter()
-            .filter(|e| matches!(e, Event::Alloc { .. }))
-            .count(),
-        12
-    );
+    assert_eq!(s.events.iter().filter(|e| matches!(e, Event::Alloc { .. })).count(), 12);
 }
 
 // ---------------------------------------------------------------------------
@@ -350,14 +315,9 @@ fn billion_laughs_stays_small() {
     }
     b.extend_from_slice(b"s.");
     let start = Instant::now();
-    let (r, peak) = peak_of(|| {
-        snapshot::import_bytes(&b, "laughs.pickle", &ImportOptions::default())
-            .map_err(|e| e.to_string())
-    });
-    assert_eq!(
-        r.unwrap_err(),
-        "laughs.pickle: `device_traces[0][0]` should be a dict, found list"
-    );
+    let (r, peak) =
+        peak_of(|| snapshot::import_bytes(&b, "laughs.pickle", &ImportOptions::default()).map_err(|e| e.to_string()));
+    assert_eq!(r.unwrap_err(), "laughs.pickle: `device_traces[0][0]` should be a dict, found list");
     assert!(peak < 1 << 20, "peak {peak}");
     assert!(start.elapsed().as_secs() < 5);
 }
@@ -391,10 +351,7 @@ fn shared_dict_with_many_keys_hits_the_walk_limit() {
     b.push(b'a'); // outer list gets the inner list
     b.extend_from_slice(b"s.");
     let opts = ImportOptions {
-        limits: ImportLimits {
-            max_walk_steps: 1_000_000,
-            ..ImportLimits::default()
-        },
+        limits: ImportLimits { max_walk_steps: 1_000_000, ..ImportLimits::default() },
         ..ImportOptions::default()
     };
     let start = Instant::now();
@@ -417,10 +374,7 @@ fn deep_nesting_does_not_overflow_the_stack() {
     b.push(b'.');
     // A bare list reads as the old format's list of segments.
     let e = snapshot::import_bytes(&b, "deep.pickle", &ImportOptions::default()).unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        "deep.pickle: `segments[0]` should be a dict, found list"
-    );
+    assert_eq!(e.to_string(), "deep.pickle: `segments[0]` should be a dict, found list");
 }
 
 #[test]
@@ -452,42 +406,25 @@ fn endless_line_and_gzip_bomb_stay_bounded() {
     let mut text = b"{\"format\":\"wasmem-trace\",\"version\":1}\n".to_vec();
     text.extend(std::iter::repeat_n(b'x', 8 << 20));
     let (r, peak) = peak_of(|| read_trace(&text));
-    assert_eq!(
-        r.unwrap_err(),
-        format!("fuzz.jsonl:2: line is longer than {MAX_LINE} bytes")
-    );
+    assert_eq!(r.unwrap_err(), format!("fuzz.jsonl:2: line is longer than {MAX_LINE} bytes"));
     assert!(peak < 64 << 10, "peak {peak}");
 
     // 64 MiB of spaces, gzip-compressed to ~64 kB: read in constant memory.
     let dir = std::env::temp_dir().join(format!("wasmem-bomb-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("bomb.jsonl.gz");
-    let mut gz = flate2::write::GzEncoder::new(
-        std::fs::File::create(&path).unwrap(),
-        flate2::Compression::best(),
-    );
-    gz.write_all(b"{\"format\":\"wasmem-trace\",\"version\":1}\n")
-        .unwrap();
+    let mut gz = flate2::write::GzEncoder::new(std::fs::File::create(&path).unwrap(), flate2::Compression::best());
+    gz.write_all(b"{\"format\":\"wasmem-trace\",\"version\":1}\n").unwrap();
     let chunk = vec![b' '; 1 << 20];
     for _ in 0..64 {
         gz.write_all(&chunk).unwrap();
     }
     gz.finish().unwrap();
     let (r, peak) = peak_of(|| {
-        let reader = TraceReader::open_with(
-            &path,
-            ReadOptions {
-                max_line_len: 1 << 16,
-            },
-        )
-        .unwrap();
-        reader
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| e.to_string())
+        let reader = TraceReader::open_with(&path, ReadOptions { max_line_len: 1 << 16 }).unwrap();
+        reader.collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())
     });
-    assert!(r
-        .unwrap_err()
-        .ends_with(":2: line is longer than 65536 bytes"));
+    assert!(r.unwrap_err().ends_with(":2: line is longer than 65536 bytes"));
     assert!(peak < 1 << 20, "peak {peak}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

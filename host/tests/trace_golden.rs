@@ -156,10 +156,7 @@ fn parse_speed() {
                     Event::Alloc { id: id + off, bytes, kind, stream, t_us }
                 }
                 Event::Free { id, t_us } => Event::Free { id: id + off, t_us },
-                Event::Use { id, stream } => Event::Use {
-                    id: id + off,
-                    stream,
-                },
+                Event::Use { id, stream } => Event::Use { id: id + off, stream },
                 p => p,
             };
             w.write(&e).unwrap();

@@ -75,8 +75,7 @@ fn export_import(events: &[Event]) -> Snapshot {
 #[test]
 fn sample_a_imports() {
     let Some(dir) = traces_dir() else { return };
-    let s =
-        snapshot::import_file(dir.join("pytorch-snapshot-a.pickle"), &Default::default()).unwrap();
+    let s = snapshot::import_file(dir.join("pytorch-snapshot-a.pickle"), &Default::default()).unwrap();
     let i = &s.info;
     assert_eq!((i.device, i.segments, i.entries), (0, 216, 5163));
     assert_eq!(i.pytorch_reserved_bytes_end, 14_180_941_824);
@@ -97,8 +96,7 @@ fn sample_a_imports() {
 #[test]
 fn sample_b_imports() {
     let Some(dir) = traces_dir() else { return };
-    let s =
-        snapshot::import_file(dir.join("pytorch-snapshot-b.pickle"), &Default::default()).unwrap();
+    let s = snapshot::import_file(dir.join("pytorch-snapshot-b.pickle"), &Default::default()).unwrap();
     let i = &s.info;
     assert_eq!((i.segments, i.entries), (96, 6486));
     assert_eq!((i.pytorch_reserved_bytes_end as f64 / GIB as f64 * 100.0).round() / 100.0, 3.95);
@@ -194,10 +192,7 @@ fn export_import_round_trips_a_small_stream() {
     assert_eq!(normalized(&s.events), normalized(&expect));
     let mut streams = s.info.streams.clone();
     streams.sort_unstable();
-    assert_eq!(
-        streams,
-        vec![(0, 0), (7, 7), (u64::from(u32::MAX), u32::MAX)]
-    );
+    assert_eq!(streams, vec![(0, 0), (7, 7), (u64::from(u32::MAX), u32::MAX)]);
     // The live tensor is the final state's only active block.
     assert_eq!(s.info.segments, 1);
     assert_eq!(s.info.pytorch_allocated_bytes_end, u64::MAX / 4 + 1);
@@ -260,9 +255,7 @@ fn import_errors() {
         "x.pickle: `segments[0]` is missing key `total_size`"
     );
     assert_eq!(
-        import_err(
-            json!({"segments": [{"address": 0, "total_size": 512, "blocks": [{"state": "inactive"}]}]})
-        ),
+        import_err(json!({"segments": [{"address": 0, "total_size": 512, "blocks": [{"state": "inactive"}]}]})),
         "x.pickle: `segments[0].blocks[0]` is missing key `size`"
     );
     assert_eq!(
@@ -282,11 +275,7 @@ fn import_errors() {
         "x.pickle: malformed pickle at byte 2: truncated input"
     );
     let e = snapshot::import_file("/nonexistent.pickle", &Default::default()).unwrap_err();
-    assert!(
-        e.to_string()
-            .starts_with("/nonexistent.pickle: read error: "),
-        "{e}"
-    );
+    assert!(e.to_string().starts_with("/nonexistent.pickle: read error: "), "{e}");
 }
 
 #[test]
@@ -348,8 +337,7 @@ fn write_exports_for_pytorch() {
     let (_, events) = trace::read_file(dir.join("gpt2_124m.jsonl.gz")).unwrap();
     let input = ExportInput::one_segment_per_tensor(&events, 0);
     export::export_file(out.join("gpt2.pickle"), &input).unwrap();
-    let s =
-        snapshot::import_file(dir.join("pytorch-snapshot-b.pickle"), &Default::default()).unwrap();
+    let s = snapshot::import_file(dir.join("pytorch-snapshot-b.pickle"), &Default::default()).unwrap();
     let input = ExportInput::one_segment_per_tensor(&s.events, 0);
     export::export_file(out.join("snapshot-b-reexported.pickle"), &input).unwrap();
     println!("wrote {}", out.display());
@@ -363,8 +351,7 @@ fn data_dir() -> PathBuf {
 /// `tests/data`, so this runs without the shared folder.
 #[test]
 fn tiny_snapshot_imports() {
-    let s = snapshot::import_file(data_dir().join("tiny-snapshot.pickle"), &Default::default())
-        .unwrap();
+    let s = snapshot::import_file(data_dir().join("tiny-snapshot.pickle"), &Default::default()).unwrap();
     let i = &s.info;
     assert_eq!((i.segments, i.entries), (7, 60));
     assert_eq!(i.pytorch_reserved_bytes_end, 320_864_256);
@@ -391,12 +378,7 @@ fn export_checks_block_tiling() {
     use export::{BlockState, ExportBlock, ExportSegment};
     let seg = |blocks: Vec<ExportBlock>| ExportInput {
         device: 0,
-        segments: vec![ExportSegment {
-            address: 1 << 20,
-            total_size: 4096,
-            stream: 0,
-            blocks,
-        }],
+        segments: vec![ExportSegment { address: 1 << 20, total_size: 4096, stream: 0, blocks }],
         trace: Vec::new(),
     };
     let block = |address: u64, size: u64| ExportBlock {
@@ -406,25 +388,14 @@ fn export_checks_block_tiling() {
         state: BlockState::ActiveAllocated,
         kind: None,
     };
-    assert!(export::export_bytes(&seg(vec![
-        block(1 << 20, 1024),
-        block((1 << 20) + 1024, 3072)
-    ]))
-    .is_ok());
+    assert!(export::export_bytes(&seg(vec![block(1 << 20, 1024), block((1 << 20) + 1024, 3072)])).is_ok());
     assert_eq!(
-        export::export_bytes(&seg(vec![
-            block(1 << 20, 1024),
-            block((1 << 20) + 2048, 2048)
-        ]))
-        .unwrap_err()
-        .to_string(),
+        export::export_bytes(&seg(vec![block(1 << 20, 1024), block((1 << 20) + 2048, 2048)])).unwrap_err().to_string(),
         "invalid export input: segments[0].blocks[1] starts at 0x100800, expected 0x100400 \
          (blocks must tile their segment in address order)"
     );
     assert_eq!(
-        export::export_bytes(&seg(vec![block(1 << 20, 1024)]))
-            .unwrap_err()
-            .to_string(),
+        export::export_bytes(&seg(vec![block(1 << 20, 1024)])).unwrap_err().to_string(),
         "invalid export input: the blocks of segments[0] end at 0x100400, the segment at 0x101000"
     );
 }

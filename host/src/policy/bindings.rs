@@ -12,9 +12,9 @@ wasmtime::component::bindgen!({
     world: "full-policy",
 });
 
-pub use exports::wasmem::policy::{eviction, lifecycle, placement, reclamation};
 pub use self::wasmem::policy::host::LogLevel;
 pub use self::wasmem::policy::types as wit;
+pub use exports::wasmem::policy::{eviction, lifecycle, placement, reclamation};
 
 use crate::decision;
 use crate::types::{Phase, TensorId, TensorKind, Tier};

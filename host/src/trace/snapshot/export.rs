@@ -248,11 +248,7 @@ pub fn export_bytes(input: &ExportInput) -> Result<Vec<u8>, ExportError> {
                 active_size: allocated,
                 requested_size: requested,
                 stream: s.stream,
-                segment_type: if s.total_size <= 2 * MIB {
-                    "small"
-                } else {
-                    "large"
-                },
+                segment_type: if s.total_size <= 2 * MIB { "small" } else { "large" },
                 segment_pool_id: (0, 0),
                 is_expandable: false,
                 frames: Vec::new(),
@@ -298,10 +294,7 @@ pub fn export_bytes(input: &ExportInput) -> Result<Vec<u8>, ExportError> {
             roundup_power2_divisions: (0..16).map(|i| ((1u32 << i).to_string(), 0)).collect(),
         },
     };
-    Ok(serde_pickle::to_vec(
-        &snapshot,
-        serde_pickle::SerOptions::new(),
-    )?)
+    Ok(serde_pickle::to_vec(&snapshot, serde_pickle::SerOptions::new())?)
 }
 
 /// Serializes `input` and writes it to `path`.
@@ -357,8 +350,7 @@ impl ExportInput {
                     let time_us = t_us.unwrap_or(i as u64);
                     let size = bytes.max(1).div_ceil(512).saturating_mul(512);
                     let addr = next_addr;
-                    next_addr =
-                        next_addr.saturating_add(size.div_ceil(2 * MIB).saturating_mul(2 * MIB));
+                    next_addr = next_addr.saturating_add(size.div_ceil(2 * MIB).saturating_mul(2 * MIB));
                     live.insert(id, (addr, bytes, stream, size, kind));
                     order.push(id);
                     trace.push(ExportTraceEntry {

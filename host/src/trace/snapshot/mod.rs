@@ -180,9 +180,7 @@ pub enum SnapshotErrorKind {
         limit: usize,
     },
     /// The walk visited more than [`ImportLimits::max_walk_steps`] items.
-    #[error(
-        "the snapshot has more than {limit} items to visit (raise ImportLimits::max_walk_steps)"
-    )]
+    #[error("the snapshot has more than {limit} items to visit (raise ImportLimits::max_walk_steps)")]
     TooManySteps {
         /// The limit.
         limit: u64,
@@ -219,10 +217,7 @@ pub enum SnapshotErrorKind {
 }
 
 /// Imports a snapshot file.
-pub fn import_file(
-    path: impl AsRef<Path>,
-    opts: &ImportOptions,
-) -> Result<Snapshot, SnapshotError> {
+pub fn import_file(path: impl AsRef<Path>, opts: &ImportOptions) -> Result<Snapshot, SnapshotError> {
     let path = path.as_ref();
     let name = path.display().to_string();
     let err = |kind| SnapshotError { file: name.clone(), kind };
@@ -240,11 +235,7 @@ pub fn import_file(
 
 /// Imports a snapshot from memory; `name` labels it in errors and in the
 /// header's `source`.
-pub fn import_bytes(
-    bytes: &[u8],
-    name: &str,
-    opts: &ImportOptions,
-) -> Result<Snapshot, SnapshotError> {
+pub fn import_bytes(bytes: &[u8], name: &str, opts: &ImportOptions) -> Result<Snapshot, SnapshotError> {
     import_named(bytes, name, name, opts)
 }
 
@@ -364,10 +355,7 @@ impl<'p, 'a> Walk<'p, 'a> {
     /// The value under a string key (the last one wins, as in Python).
     fn get(&mut self, d: &'p [(Val, Val)], key: &str) -> WalkResult<Option<Val>> {
         self.step(d.len())?;
-        Ok(d.iter()
-            .rev()
-            .find(|(k, _)| self.p.as_str(*k) == Some(key))
-            .map(|&(_, v)| v))
+        Ok(d.iter().rev().find(|(k, _)| self.p.as_str(*k) == Some(key)).map(|&(_, v)| v))
     }
 
     /// An optional non-negative integer (`None` also for Python's `None`).
@@ -477,11 +465,7 @@ impl<'p, 'a> Walk<'p, 'a> {
             }
         }
 
-        if segments.is_empty()
-            && entries.is_empty()
-            && !present.is_empty()
-            && !present.contains(&u64::from(device))
-        {
+        if segments.is_empty() && entries.is_empty() && !present.is_empty() && !present.contains(&u64::from(device)) {
             let list: Vec<String> = present.iter().map(u64::to_string).collect();
             return Err(SnapshotErrorKind::NoSuchDevice { device, present: list.join(", ") });
         }
@@ -679,10 +663,7 @@ fn build_events(raw: &RawSnapshot) -> (Vec<Event>, SnapshotInfo) {
                 // live is the next pre-window block.
                 let id = ids.remove(&e.addr).or_else(|| pre.next());
                 if let Some(id) = id {
-                    events.push(Event::Free {
-                        id,
-                        t_us: e.time_us,
-                    });
+                    events.push(Event::Free { id, t_us: e.time_us });
                 }
             }
             _ => info.skipped_entries += 1,

@@ -451,10 +451,7 @@ impl<'a> Parser<'a> {
 
     fn text_memo_id(&mut self) -> R<u32> {
         let line = self.line()?;
-        match std::str::from_utf8(line)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-        {
+        match std::str::from_utf8(line).ok().and_then(|s| s.trim().parse().ok()) {
             Some(id) => Ok(id),
             None => self.fail("invalid memo key"),
         }
@@ -587,10 +584,7 @@ impl<'a> Parser<'a> {
                 }
                 FLOAT => {
                     let line = self.line()?;
-                    match std::str::from_utf8(line)
-                        .ok()
-                        .and_then(|s| s.trim().parse().ok())
-                    {
+                    match std::str::from_utf8(line).ok().and_then(|s| s.trim().parse().ok()) {
                         Some(f) => self.push(Val::Float(f))?,
                         None => return self.fail("invalid FLOAT"),
                     }
@@ -930,10 +924,7 @@ mod tests {
         assert_eq!(binary_int(&[0x00, 0x80]), Val::Int(-32768));
         assert_eq!(binary_int(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0x00]), Val::Int(i64::MAX));
         assert_eq!(binary_int(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0x00]), Val::BigInt);
-        assert_eq!(
-            binary_int(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0xff]),
-            Val::Int(i64::MIN)
-        );
+        assert_eq!(binary_int(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0xff]), Val::Int(i64::MIN));
         assert_eq!(text_int(b"-12"), Some(Val::Int(-12)));
         assert_eq!(text_int(b"99999999999999999999"), Some(Val::BigInt));
         assert_eq!(text_int(b"1x"), None);
@@ -965,57 +956,21 @@ mod tests {
     #[test]
     fn errors() {
         let e = |b: &[u8]| p(b).err().map(|e| e.to_string()).unwrap_or_default();
-        assert_eq!(
-            e(b""),
-            "malformed pickle at byte 0: truncated input (no STOP opcode)"
-        );
-        assert_eq!(
-            e(b"\x80\x04"),
-            "malformed pickle at byte 2: truncated input (no STOP opcode)"
-        );
+        assert_eq!(e(b""), "malformed pickle at byte 0: truncated input (no STOP opcode)");
+        assert_eq!(e(b"\x80\x04"), "malformed pickle at byte 2: truncated input (no STOP opcode)");
         assert_eq!(e(b"."), "malformed pickle at byte 0: stack underflow");
-        assert_eq!(
-            e(b"]K\x01K\x02(K\x03a."),
-            "malformed pickle at byte 8: stack underflow"
-        );
+        assert_eq!(e(b"]K\x01K\x02(K\x03a."), "malformed pickle at byte 8: stack underflow");
         assert_eq!(e(b"K\x01a."), "malformed pickle at byte 2: stack underflow");
-        assert_eq!(
-            e(b"K\x01K\x01a."),
-            "malformed pickle at byte 4: APPEND on a value that is not a container"
-        );
-        assert_eq!(
-            e(b"}K\x01a."),
-            "malformed pickle at byte 3: APPEND to a value that is not a list"
-        );
-        assert_eq!(
-            e(b"h\x05."),
-            "malformed pickle at byte 0: memo key 5 not found"
-        );
-        assert_eq!(
-            e(b"\xff."),
-            "malformed pickle at byte 0: unknown opcode 0xff"
-        );
-        assert_eq!(
-            e(b"\x80\x09."),
-            "malformed pickle at byte 0: unsupported pickle protocol 9"
-        );
-        assert_eq!(
-            e(b"X\xff\xff\xff\xffabc."),
-            "malformed pickle at byte 0: truncated input"
-        );
-        assert_eq!(
-            e(b"\x8c\x02\xc3\x28."),
-            "malformed pickle at byte 0: string is not valid UTF-8"
-        );
-        assert_eq!(
-            e(b"}(K\x01u."),
-            "malformed pickle at byte 4: odd number of items for a dict"
-        );
+        assert_eq!(e(b"K\x01K\x01a."), "malformed pickle at byte 4: APPEND on a value that is not a container");
+        assert_eq!(e(b"}K\x01a."), "malformed pickle at byte 3: APPEND to a value that is not a list");
+        assert_eq!(e(b"h\x05."), "malformed pickle at byte 0: memo key 5 not found");
+        assert_eq!(e(b"\xff."), "malformed pickle at byte 0: unknown opcode 0xff");
+        assert_eq!(e(b"\x80\x09."), "malformed pickle at byte 0: unsupported pickle protocol 9");
+        assert_eq!(e(b"X\xff\xff\xff\xffabc."), "malformed pickle at byte 0: truncated input");
+        assert_eq!(e(b"\x8c\x02\xc3\x28."), "malformed pickle at byte 0: string is not valid UTF-8");
+        assert_eq!(e(b"}(K\x01u."), "malformed pickle at byte 4: odd number of items for a dict");
         assert_eq!(e(b"e."), "malformed pickle at byte 0: no MARK to pop to");
-        assert_eq!(
-            e(b"Sabc\n."),
-            "malformed pickle at byte 0: the STRING opcode argument must be quoted"
-        );
+        assert_eq!(e(b"Sabc\n."), "malformed pickle at byte 0: the STRING opcode argument must be quoted");
         assert_eq!(
             parse(b"]]]]]].", 3).err().unwrap().to_string(),
             "the pickle holds more than 3 values (raise ImportLimits::max_values)"
