@@ -52,6 +52,6 @@ pub use config::{CacheDir, Limits, Runtime, RuntimeConfig};
 pub use error::{LoadError, SwapError};
 pub use instance::WasmPolicy;
 pub use loader::Loaded;
-pub use resolve::{resolve, resolve_with, Resolved};
+pub use resolve::{resolve, resolve_with, shipped_candidates, Resolved};
 pub use sandbox::MemoryLimitExceeded;
 pub use swap::{CarryState, SharedAllocator, SwapOptions, SwapReport};
