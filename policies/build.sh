@@ -7,8 +7,16 @@
 # inputs is kept, so a second run takes seconds. Any failure stops the script
 # with a non-zero status; nothing is skipped.
 #
-# Usage: policies/build.sh            (from anywhere)
+# Usage: policies/build.sh            (from anywhere): every policy
+#        policies/build.sh --rust     only the Rust policies (seconds, no Python/JS toolchains)
 set -euo pipefail
+
+rust_only=0
+case "${1:-}" in
+  "") ;;
+  --rust) rust_only=1 ;;
+  *) echo "build.sh: unknown argument \`$1\` (usage: build.sh [--rust])" >&2; exit 2 ;;
+esac
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 wit="$here/../wit"
@@ -54,6 +62,11 @@ for crate in "${RUST_POLICIES[@]}"; do
   echo "    out/$crate.wasm ($(stat -c %s "$out/$crate.wasm") bytes)"
 done
 echo "    Rust: $(elapsed "$t0")"
+
+if [[ "$rust_only" == 1 ]]; then
+  step "Rust policies built in $out (--rust: Python and JavaScript skipped on request)"
+  exit 0
+fi
 
 # --- Python ------------------------------------------------------------------
 need python3 "Python 3.10 or newer builds the Python policies"
