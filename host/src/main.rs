@@ -79,6 +79,13 @@ enum PolicyCommand {
     Check {
         /// The component (`.wasm`).
         file: PathBuf,
+        /// Per-call deadline in milliseconds (interpreted Python and JavaScript
+        /// policies need more than the default).
+        #[arg(long, default_value_t = 1.0)]
+        deadline_ms: f64,
+        /// Text passed to the policy's `init`.
+        #[arg(long, default_value = "")]
+        config: String,
     },
 }
 
@@ -473,8 +480,9 @@ fn run(cli: Cli) -> Result<()> {
                 eprintln!("wrote {}", path.display());
             }
         }
-        Command::Policy { cmd: PolicyCommand::Check { file } } => {
-            let verdict = wasmem::policy::check(&file);
+        Command::Policy { cmd: PolicyCommand::Check { file, deadline_ms, config } } => {
+            let opts = wasmem::policy::check::CheckOptions { config, ..Default::default() };
+            let verdict = wasmem::policy::check::check_with(runtime(deadline_ms)?, &file, &opts);
             print!("{verdict}");
             if !verdict.passed() {
                 bail!("{} failed the conformance suite", file.display());
