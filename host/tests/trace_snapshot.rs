@@ -398,4 +398,10 @@ fn export_checks_block_tiling() {
         export::export_bytes(&seg(vec![block(1 << 20, 1024)])).unwrap_err().to_string(),
         "invalid export input: the blocks of segments[0] end at 0x100400, the segment at 0x101000"
     );
+    let mut far = seg(Vec::new());
+    far.device = u32::MAX;
+    assert_eq!(
+        export::export_bytes(&far).unwrap_err().to_string(),
+        "invalid export input: device 4294967295 is not below 1024"
+    );
 }

@@ -11,7 +11,8 @@ use std::io;
 pub struct TraceError {
     /// The file (or the name given to an in-memory reader).
     pub file: String,
-    /// 1-based line number the error concerns (the header is line 1).
+    /// 1-based line number the error concerns (the header is line 1); 0 when
+    /// the file could not be opened or created.
     pub line: u64,
     /// What went wrong.
     pub kind: TraceErrorKind,

@@ -31,6 +31,10 @@ use super::KIND_FRAME_PREFIX;
 use crate::trace::Event;
 use crate::types::{TensorKind, MIB};
 
+/// Devices an export can name: `device_traces` holds one list per device
+/// up to the exported one.
+pub const MAX_EXPORT_DEVICE: u32 = 1024;
+
 /// A replay result to export.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ExportInput {
@@ -305,8 +309,12 @@ pub fn export_file(path: impl AsRef<Path>, input: &ExportInput) -> Result<(), Ex
 }
 
 impl ExportInput {
-    /// Checks that the blocks of every segment tile it in address order.
+    /// Checks that the blocks of every segment tile it in address order,
+    /// and that `device` is below [`MAX_EXPORT_DEVICE`].
     pub fn check(&self) -> Result<(), ExportError> {
+        if self.device >= MAX_EXPORT_DEVICE {
+            return Err(ExportError::Invalid(format!("device {} is not below {MAX_EXPORT_DEVICE}", self.device)));
+        }
         for (i, s) in self.segments.iter().enumerate() {
             let mut at = s.address;
             for (k, b) in s.blocks.iter().enumerate() {

@@ -70,9 +70,10 @@ pub const KIND_FRAME_PREFIX: &str = "wasmem kind=";
 pub struct ImportLimits {
     /// Largest accepted pickle in bytes (default 1 GiB).
     pub max_input_bytes: u64,
-    /// Most values (objects, stack slots, memo entries) the pickle may
-    /// create (default 256 Mi, about 4–8 GiB of memory at worst; a real
-    /// snapshot holds about one value per 3 bytes).
+    /// Most values (objects, stack slots, marks, memo entries) the pickle
+    /// may create (default 128 Mi). Memory is at most about 50 bytes per
+    /// value (6.4 GiB at the default); a real snapshot creates about one
+    /// value per 3 bytes of pickle, so the default admits about 400 MB.
     pub max_values: usize,
     /// Most dict items and list elements the walk over the snapshot may
     /// visit (default 1 Gi); shared values are counted once per visit.
@@ -81,7 +82,7 @@ pub struct ImportLimits {
 
 impl Default for ImportLimits {
     fn default() -> Self {
-        ImportLimits { max_input_bytes: 1 << 30, max_values: 256 << 20, max_walk_steps: 1 << 30 }
+        ImportLimits { max_input_bytes: 1 << 30, max_values: 128 << 20, max_walk_steps: 1 << 30 }
     }
 }
 
