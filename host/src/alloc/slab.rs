@@ -57,55 +57,66 @@ pub struct Segment {
 }
 
 /// A vector of `T` addressed by `u32` index, reusing freed slots.
+///
+/// A dead slot keeps its stale value (the hot path indexes without checking
+/// liveness; debug builds assert it); `live` tells live from dead for scans.
 #[derive(Debug, Clone)]
-pub struct Slab<T> {
-    items: Vec<Option<T>>,
+pub struct Slab<T: Copy> {
+    items: Vec<T>,
+    live: Vec<bool>,
     free: Vec<u32>,
     len: usize,
 }
 
-impl<T> Default for Slab<T> {
+impl<T: Copy> Default for Slab<T> {
     fn default() -> Self {
-        Slab { items: Vec::new(), free: Vec::new(), len: 0 }
+        Slab { items: Vec::new(), live: Vec::new(), free: Vec::new(), len: 0 }
     }
 }
 
-impl<T> Slab<T> {
+impl<T: Copy> Slab<T> {
     /// Stores `v` and returns its index.
+    #[inline]
     pub fn insert(&mut self, v: T) -> u32 {
         self.len += 1;
         if let Some(i) = self.free.pop() {
-            self.items[i as usize] = Some(v);
+            self.items[i as usize] = v;
+            self.live[i as usize] = true;
             i
         } else {
-            self.items.push(Some(v));
+            self.items.push(v);
+            self.live.push(true);
             (self.items.len() - 1) as u32
         }
     }
 
-    /// Removes and returns the item at `i`.
+    /// Removes and returns the item at `i` (which must be live).
+    #[inline]
     pub fn remove(&mut self, i: u32) -> T {
-        let v = self.items[i as usize].take().expect("slab index is live");
+        debug_assert!(self.live[i as usize], "slab index {i} is dead");
+        self.live[i as usize] = false;
         self.free.push(i);
         self.len -= 1;
-        v
+        self.items[i as usize]
     }
 
     /// The item at `i` (which must be live).
     #[inline]
     pub fn get(&self, i: u32) -> &T {
-        self.items[i as usize].as_ref().expect("slab index is live")
+        debug_assert!(self.live[i as usize], "slab index {i} is dead");
+        &self.items[i as usize]
     }
 
     /// The item at `i` (which must be live), mutably.
     #[inline]
     pub fn get_mut(&mut self, i: u32) -> &mut T {
-        self.items[i as usize].as_mut().expect("slab index is live")
+        debug_assert!(self.live[i as usize], "slab index {i} is dead");
+        &mut self.items[i as usize]
     }
 
     /// The item at `i` if it is live.
     pub fn try_get(&self, i: u32) -> Option<&T> {
-        self.items.get(i as usize).and_then(|v| v.as_ref())
+        self.live.get(i as usize).copied().unwrap_or(false).then(|| &self.items[i as usize])
     }
 
     /// Number of live items.
@@ -115,6 +126,6 @@ impl<T> Slab<T> {
 
     /// Live items with their indices.
     pub fn iter(&self) -> impl Iterator<Item = (u32, &T)> {
-        self.items.iter().enumerate().filter_map(|(i, v)| v.as_ref().map(|v| (i as u32, v)))
+        self.items.iter().zip(&self.live).enumerate().filter(|(_, (_, l))| **l).map(|(i, (v, _))| (i as u32, v))
     }
 }
