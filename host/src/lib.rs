@@ -31,6 +31,7 @@ pub mod builtin;
 pub mod decision;
 pub mod device;
 pub mod plot;
+#[cfg(feature = "wasm")]
 pub mod policy;
 pub mod replay;
 pub mod report;
