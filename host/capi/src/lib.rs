@@ -274,3 +274,13 @@ fn register_exit_hook() {
         log::report(Cause::Trace, "atexit failed: the trace will be written only by wasmem_dump_trace");
     }
 }
+
+/// Checks the state's invariants (see [`state`]); `Ok` before the first
+/// call. For tests: a Rust function, not exported from the C library.
+pub fn check_state() -> Result<(), String> {
+    match STATE.get() {
+        Some(Ok(m)) => lock(m).check_invariants(),
+        Some(Err(e)) => Err(format!("not initialized: {e}")),
+        None => Ok(()),
+    }
+}

@@ -70,7 +70,9 @@ pub fn init() {
     ONCE.call_once(|| {
         let filter = tracing_subscriber::EnvFilter::try_from_env("WASMEM_LOG")
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+        let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        let _ =
+            tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).try_init();
     });
 }
 
