@@ -169,6 +169,20 @@ fn c_abi_on_sim() {
     assert_eq!(s["policy"], "pytorch");
     assert_eq!(errors(&s, "policy"), 3);
     assert_eq!(errors(&s, "bad_argument"), 1);
+    // A WebAssembly policy (built by policies/build.sh, as scripts/test.sh does).
+    let wasm = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../policies/out/lifecycle.wasm");
+    if wasm.is_file() {
+        assert_eq!(swap(wasm.to_str().unwrap()), 0, "swap to {}", wasm.display());
+        let before = u(&stats(), "policy_calls");
+        let p = wasmem_malloc(7 * MIB, 0, stream(0));
+        assert!(!p.is_null());
+        wasmem_free(p, 7 * MIB, 0, stream(0));
+        let s = stats();
+        assert!(u(&s, "policy_calls") > before, "the WebAssembly policy was consulted: {s}");
+        assert_eq!(u(&s, "policy_fallbacks"), 0);
+    } else {
+        eprintln!("skipped the WebAssembly swap: {} is not built (bash policies/build.sh)", wasm.display());
+    }
     assert_eq!(swap(" lifecycle "), 0);
     assert_eq!(stats()["policy"], "lifecycle");
     checked();
