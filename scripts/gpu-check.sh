@@ -2,17 +2,20 @@
 # GPU check for the wasmem CUDA backend (issue 8).
 #
 #   scripts/gpu-check.sh prepare        # on a build machine (no GPU needed):
-#                                       #   build the GPU test binary and the benchmark,
-#                                       #   copy them, stripped, to target/gpu-check/
+#                                       #   build the GPU test binary, the benchmark and
+#                                       #   libwasmem_capi.so, copy them, stripped, to target/gpu-check/
 #   scripts/gpu-check.sh [run] [--quick]  # on the GPU machine, from the repo root:
 #                                       #   use target/gpu-check/ if it is there (carry it),
 #                                       #   else build with cargo (--offline), then
-#                                       #   probe the device, run the GPU tests, run the benchmark
+#                                       #   probe the device, run the GPU tests, run the benchmark,
+#                                       #   run the PyTorch example (examples/pytorch) when
+#                                       #   /opt/torch/.venv/bin/python3 (or $WASMEM_TORCH_PYTHON) exists
 #
 # Writes the benchmark table to stdout, and when $OUT is set:
-#   $OUT/gpu-check.json  (the table as JSON), $OUT/gpu-tests.log, $OUT/gpu-bench.log
+#   $OUT/gpu-check.json  (the table as JSON; the PyTorch comparison under `pytorch_example`),
+#   $OUT/gpu-tests.log, $OUT/gpu-bench.log, $OUT/pytorch.log, $OUT/pytorch/ (results, trace)
 #
-# Exit status: 0 all passed; 1 a test or the benchmark failed; 2 nothing to run
+# Exit status: 0 all passed; 1 a test, the benchmark or the PyTorch comparison failed; 2 nothing to run
 # (no cargo and no prepared binaries, or the build failed); 3 no CUDA driver or GPU.
 #
 # Environment: WASMEM_GPU_CHECK_BUILD=1 builds even when target/gpu-check/ exists;
@@ -37,7 +40,7 @@ done
 
 say() { echo "gpu-check: $*"; }
 
-# Builds the test binary and the example; sets TEST_BIN and BENCH_BIN.
+# Builds the test binary, the example and the C library; sets TEST_BIN, BENCH_BIN and CAPI_LIB.
 # $1: extra cargo flags (e.g. --offline).
 build() {
     if ! command -v cargo >/dev/null 2>&1; then
@@ -58,9 +61,17 @@ build() {
     fi
     TEST_BIN=$(grep '"name":"cuda_device"' "$json" | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
     BENCH_BIN=$(grep '"name":"gpu_bench"' "$json" | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
+    say "building (cargo build --release -p wasmem-capi $*) ..."
+    # shellcheck disable=SC2068
+    if ! cargo build --release -p wasmem-capi $@ --message-format=json-render-diagnostics >"$json"; then
+        rm -f "$json"
+        say "build of wasmem-capi failed"
+        exit 2
+    fi
+    CAPI_LIB=$(grep '"name":"wasmem_capi"' "$json" | grep -o '"[^"]*/libwasmem_capi\.so"' | tail -1 | tr -d '"')
     rm -f "$json"
-    if [ ! -x "$TEST_BIN" ] || [ ! -x "$BENCH_BIN" ]; then
-        say "build finished but the binaries were not found (test: '$TEST_BIN', bench: '$BENCH_BIN')"
+    if [ ! -x "$TEST_BIN" ] || [ ! -x "$BENCH_BIN" ] || [ ! -f "$CAPI_LIB" ]; then
+        say "build finished but the binaries were not found (test: '$TEST_BIN', bench: '$BENCH_BIN', lib: '$CAPI_LIB')"
         exit 2
     fi
     say "built in $(($(date +%s) - t0)) s"
@@ -71,15 +82,21 @@ if [ "$MODE" = prepare ]; then
     mkdir -p "$PREP"
     cp "$TEST_BIN" "$PREP/cuda_device"
     cp "$BENCH_BIN" "$PREP/gpu_bench"
-    if command -v strip >/dev/null 2>&1; then strip "$PREP/cuda_device" "$PREP/gpu_bench"; fi
+    cp "$CAPI_LIB" "$PREP/libwasmem_capi.so"
+    if command -v strip >/dev/null 2>&1; then strip "$PREP/cuda_device" "$PREP/gpu_bench" "$PREP/libwasmem_capi.so"; fi
+    if command -v nm >/dev/null 2>&1; then
+        say "libwasmem_capi.so exports: $(nm -D --defined-only "$PREP/libwasmem_capi.so" | awk '{print $NF}' | tr '\n' ' ')"
+    fi
     {
         echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- host 2>/dev/null || echo ' (+ local changes)')"
         echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m)"
         if command -v objdump >/dev/null 2>&1; then
-            echo "needs glibc >= $(objdump -T "$PREP/gpu_bench" "$PREP/cuda_device" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1 | cut -d_ -f2)"
+            echo "needs glibc >= $(objdump -T "$PREP/gpu_bench" "$PREP/cuda_device" "$PREP/libwasmem_capi.so" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1 | cut -d_ -f2)"
         fi
     } >"$PREP/BUILD_INFO"
-    say "prepared $(du -sh "$PREP" | cut -f1) in target/gpu-check/:"
+    size_kib=$(du -sk "$PREP" | cut -f1)
+    say "prepared $((size_kib / 1024)) MiB in target/gpu-check/ (the carry limit is 64 MiB in all):"
+    if [ "$size_kib" -gt $((60 * 1024)) ]; then say "WARNING: target/gpu-check/ is close to or over the 64 MiB carry limit"; fi
     ls -l "$PREP"
     cat "$PREP/BUILD_INFO"
     say "on the GPU machine (carry target/gpu-check): bash scripts/gpu-check.sh"
@@ -89,6 +106,7 @@ fi
 if [ "${WASMEM_GPU_CHECK_BUILD:-0}" != 1 ] && [ -x "$PREP/cuda_device" ] && [ -x "$PREP/gpu_bench" ]; then
     TEST_BIN="$PREP/cuda_device"
     BENCH_BIN="$PREP/gpu_bench"
+    CAPI_LIB="$PREP/libwasmem_capi.so"
     say "using prepared binaries in target/gpu-check/ ($(tr '\n' ';' <"$PREP/BUILD_INFO" 2>/dev/null))"
 else
     # GPU machines have no network: build from what is already cached.
@@ -118,6 +136,49 @@ say "running the benchmark"
 timeout 240 "$BENCH_BIN" $QUICK 2>&1 | log gpu-bench.log
 bench_rc=$?
 
-say "tests: $([ $tests_rc = 0 ] && echo passed || echo "FAILED (rc $tests_rc)"); benchmark: $([ $bench_rc = 0 ] && echo done || echo "FAILED (rc $bench_rc)")"
-[ $tests_rc = 0 ] && [ $bench_rc = 0 ] || exit 1
+# 4. The PyTorch example: the same training with PyTorch's allocator and with
+# libwasmem_capi.so, losses compared step for step (examples/pytorch/README.md).
+TORCH_PY=${WASMEM_TORCH_PYTHON:-/opt/torch/.venv/bin/python3}
+TORCH_OUT=${LOGDIR:+$LOGDIR/pytorch}
+TORCH_OUT=${TORCH_OUT:-$(mktemp -d)}
+torch_rc=0
+if [ ! -x "$TORCH_PY" ]; then
+    torch_status="skipped: no PyTorch Python at $TORCH_PY"
+elif [ ! -f "${CAPI_LIB:-}" ]; then
+    torch_status="skipped: libwasmem_capi.so not built (run 'scripts/gpu-check.sh prepare')"
+else
+    say "running the PyTorch example ($TORCH_PY examples/pytorch/train.py --compare)"
+    mkdir -p "$TORCH_OUT"
+    timeout 200 "$TORCH_PY" examples/pytorch/train.py --compare --lib "$CAPI_LIB" --out "$TORCH_OUT" 2>&1 | log pytorch.log
+    torch_rc=$?
+    case $torch_rc in
+        0) torch_status="losses match" ;;
+        1) torch_status="FAILED: the losses differ" ;;
+        124) torch_status="FAILED: timed out" ;;
+        *) torch_status="FAILED (rc $torch_rc)" ;;
+    esac
+fi
+say "PyTorch example: $torch_status"
+# Add the comparison to gpu-check.json (any Python will do).
+MERGE_PY=$TORCH_PY
+[ -x "$MERGE_PY" ] || MERGE_PY=$(command -v python3 || true)
+if [ -n "$LOGDIR" ] && [ -n "$MERGE_PY" ] && [ -f "$LOGDIR/gpu-check.json" ]; then
+    "$MERGE_PY" - "$LOGDIR/gpu-check.json" "$TORCH_OUT/summary.json" "$torch_status" "$torch_rc" <<'PY' || say "could not add the PyTorch result to gpu-check.json"
+import json, os, sys
+path, summary, status, rc = sys.argv[1:5]
+with open(path) as f:
+    report = json.load(f)
+entry = {"status": status, "rc": int(rc)}
+if os.path.isfile(summary):
+    with open(summary) as f:
+        entry["summary"] = json.load(f)
+report["pytorch_example"] = entry
+with open(path, "w") as f:
+    json.dump(report, f, indent=2)
+    f.write("\n")
+PY
+fi
+
+say "tests: $([ $tests_rc = 0 ] && echo passed || echo "FAILED (rc $tests_rc)"); benchmark: $([ $bench_rc = 0 ] && echo done || echo "FAILED (rc $bench_rc)"); PyTorch example: $torch_status"
+[ $tests_rc = 0 ] && [ $bench_rc = 0 ] && [ $torch_rc = 0 ] || exit 1
 exit 0
