@@ -184,16 +184,20 @@ pub struct ReclaimDecision {
     /// Only from these pools (indices into the placement policy's pools are
     /// not known here: engine-wide pool names); `None` = every pool.
     pub pools: Option<Vec<String>>,
+    /// Also compact this pool, copying at most this many bytes (see
+    /// `Allocator::compact`). Valid when the pool exists and the budget is at
+    /// most the pool's allocated bytes; otherwise the whole decision is refused.
+    pub compact: Option<(String, u64)>,
 }
 
 impl ReclaimDecision {
     /// Release nothing.
     pub fn none() -> Self {
-        ReclaimDecision { release_bytes: 0, pools: None }
+        ReclaimDecision { release_bytes: 0, pools: None, compact: None }
     }
     /// Release every fully free cached segment.
     pub fn all() -> Self {
-        ReclaimDecision { release_bytes: u64::MAX, pools: None }
+        ReclaimDecision { release_bytes: u64::MAX, pools: None, compact: None }
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::Instant;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
-use crate::alloc::{ActionKind, AllocError, Allocator, Stats};
+use crate::alloc::{ActionKind, AllocError, Allocator, PauseHistogram, Stats};
 use crate::builtin::Policies;
 use crate::device::sim::{SimConfig, SimDevice};
 use crate::device::Device;
@@ -95,6 +95,16 @@ pub struct Metrics {
     pub device_time_us: f64,
     /// Device capacity used for the replay.
     pub device_capacity_bytes: u64,
+    /// Frees deferred on events of other streams.
+    pub deferred_frees: u64,
+    /// Releases of cached memory ("GC pauses").
+    pub gc_pauses: u64,
+    /// Median GC pause in simulated microseconds (0 when none).
+    pub gc_pause_us_p50: f64,
+    /// 99th-percentile GC pause in simulated microseconds.
+    pub gc_pause_us_p99: f64,
+    /// Longest GC pause in simulated microseconds.
+    pub gc_pause_us_max: f64,
 }
 
 /// A sample of the allocator's gauges over the trace.
@@ -206,7 +216,7 @@ where
     I: IntoIterator<Item = Result<Event, E>>,
     E: std::fmt::Display,
 {
-    let mut first: Option<(Metrics, Stats, crate::device::DeviceCounters)> = None;
+    let mut first: Option<(Metrics, Stats, crate::device::DeviceCounters, usize)> = None;
     let mut half_peak_live = 0u64;
     alloc.record_actions(cfg.record_actions);
     let start = Instant::now();
@@ -220,9 +230,9 @@ where
         if split.as_ref().is_some_and(|s| s.at == n) {
             let s = split.take().expect("checked");
             let mut fm = m.clone();
-            fill(&mut fm, &alloc.stats(), alloc.device());
+            fill(&mut fm, &alloc.stats(), alloc.device(), alloc.gc_pauses());
             fm.wall_seconds = start.elapsed().as_secs_f64();
-            first = Some((fm, alloc.stats(), alloc.device().counters()));
+            first = Some((fm, alloc.stats(), alloc.device().counters(), alloc.gc_pauses().len()));
             (s.hook)(&mut alloc);
             alloc.reset_peaks();
             half_peak_live = live;
@@ -275,10 +285,10 @@ where
         }
     }
     let wall = start.elapsed().as_secs_f64();
-    fill(&mut m, &alloc.stats(), alloc.device());
+    fill(&mut m, &alloc.stats(), alloc.device(), alloc.gc_pauses());
     m.wall_seconds = wall;
     m.events_per_second = if wall > 0.0 { m.events as f64 / wall } else { 0.0 };
-    let halves = first.map(|(f, stats0, dev0)| {
+    let halves = first.map(|(f, stats0, dev0, pauses0)| {
         let mut sm = Metrics {
             events: m.events - f.events,
             allocs: m.allocs - f.allocs,
@@ -288,7 +298,7 @@ where
             ..Metrics::default()
         };
         let s = alloc.stats();
-        fill(&mut sm, &s.minus(&stats0), alloc.device());
+        fill(&mut sm, &s.minus(&stats0), alloc.device(), &alloc.gc_pauses().since(pauses0));
         sm.device_time_us = alloc.device().counters().time_us - dev0.time_us;
         sm.wall_seconds = wall - f.wall_seconds;
         sm.events_per_second = if sm.wall_seconds > 0.0 { sm.events as f64 / sm.wall_seconds } else { 0.0 };
@@ -299,7 +309,12 @@ where
     Ok((Replay { metrics: m, samples, allocator: alloc }, halves))
 }
 
-fn fill<D: Device>(m: &mut Metrics, s: &Stats, dev: &D) {
+fn fill<D: Device>(m: &mut Metrics, s: &Stats, dev: &D, pauses: &PauseHistogram) {
+    m.deferred_frees = s.deferred_frees;
+    m.gc_pauses = s.gc_pauses;
+    m.gc_pause_us_p50 = pauses.quantile(0.5);
+    m.gc_pause_us_p99 = pauses.quantile(0.99);
+    m.gc_pause_us_max = pauses.max();
     m.peak_allocated_bytes = s.bytes.peak_allocated_bytes;
     m.peak_reserved_bytes = s.bytes.peak_reserved_bytes;
     m.overhead_ratio =

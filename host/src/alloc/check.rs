@@ -2,6 +2,7 @@
 
 use rustc_hash::FxHashSet;
 
+use super::deferred::PENDING;
 use super::slab::NIL;
 use super::stats::Gauges;
 use super::Allocator;
@@ -54,6 +55,10 @@ impl<D: Device> Allocator<D> {
                         return Err(format!("free block {b} is missing from pool {}'s index", self.pools[pool].name));
                     }
                     free_count[pool] += 1;
+                } else if blk.tensor == PENDING {
+                    if self.pools[pool].free.contains(&key) {
+                        return Err(format!("pending block {b} is in pool {}'s free index", self.pools[pool].name));
+                    }
                 } else {
                     let (id, t) = self
                         .tensors
@@ -117,6 +122,15 @@ impl<D: Device> Allocator<D> {
             return Err(format!("gauges {g:?} disagree with recount {total:?}"));
         }
         check_peaks(g)?;
+        self.check_pending()?;
+        for (&slot, &n) in &self.pins {
+            if n == 0 || self.tensors.by_slot(slot).is_none() {
+                return Err(format!("pin count {n} on slot {slot}, which holds no live tensor"));
+            }
+        }
+        if self.cross_uses.keys().any(|&slot| self.tensors.by_slot(slot).is_none()) {
+            return Err("cross-stream uses recorded for a dead tensor".into());
+        }
         if g.reserved_bytes > self.device.capacity() {
             return Err("reserved exceeds the device capacity".into());
         }

@@ -16,7 +16,12 @@
 //! - every live tensor maps to exactly one allocated block and back;
 //! - `reserved = Σ segment sizes`, `allocated = Σ allocated block sizes`,
 //!   `live = Σ requested bytes of live tensors`, per pool and in total;
-//! - `live ≤ allocated ≤ reserved ≤ device capacity`.
+//! - `live ≤ allocated ≤ reserved ≤ device capacity`;
+//! - a pending block (a freed block waiting on events of other streams, see
+//!   [`deferred`](self)) is neither in a free index nor holds a tensor, is on
+//!   the pending list exactly once, and `pending_bytes = Σ pending sizes`;
+//!   `allocated + pending ≤ reserved`;
+//! - a pinned tensor is live, and compaction never moves it.
 //!
 //! A failed request (error value, including out-of-memory) leaves every live
 //! tensor, its block and address, and the live/allocated accounting unchanged;
@@ -25,6 +30,8 @@
 //! that releasing everything cached could not make room.
 
 mod check;
+mod compact;
+mod deferred;
 mod free_index;
 mod handles;
 mod policies;
@@ -32,11 +39,12 @@ mod pool;
 mod slab;
 mod stats;
 
+pub use deferred::PendingView;
 pub use handles::Tensor;
 pub use policies::{PolicySet, RoleHealth};
 pub use pool::Pool;
 pub use slab::{Block, Segment, NIL};
-pub use stats::{Gauges, Stats};
+pub use stats::{Gauges, PauseHistogram, Stats};
 
 use crate::builtin::{Policies, PytorchPlacement};
 use crate::decision::{
@@ -45,7 +53,9 @@ use crate::decision::{
 };
 use crate::device::{Device, DeviceError, DevicePtr};
 use crate::types::{Phase, StreamId, TensorId, TensorKind, Tier};
+use deferred::PendingFree;
 use handles::HandleTable;
+use rustc_hash::FxHashMap;
 use slab::Slab;
 
 /// Largest single request accepted (1 PiB): larger sizes are certainly bogus.
@@ -104,6 +114,9 @@ pub enum AllocError {
         /// Size of the tensor.
         bytes: u64,
     },
+    /// No pool has this name.
+    #[error("no pool is named `{0}`")]
+    UnknownPool(String),
     /// The device failed in an unexpected way.
     #[error("device error: {0}")]
     Device(#[from] DeviceError),
@@ -187,6 +200,13 @@ pub struct Allocator<D: Device> {
     phase: Option<Phase>,
     step: u64,
     recorder: Option<Vec<Action>>,
+    /// Other streams each cross-stream tensor was used on (by handle slot).
+    cross_uses: FxHashMap<u32, Vec<StreamId>>,
+    /// Freed blocks waiting on stream events.
+    pending: Vec<PendingFree>,
+    /// Pin counts of pinned tensors (by handle slot).
+    pins: FxHashMap<u32, u32>,
+    gc_pauses: PauseHistogram,
 }
 
 impl<D: Device> Allocator<D> {
@@ -204,6 +224,10 @@ impl<D: Device> Allocator<D> {
             phase: None,
             step: 0,
             recorder: None,
+            cross_uses: FxHashMap::default(),
+            pending: Vec::new(),
+            pins: FxHashMap::default(),
+            gc_pauses: PauseHistogram::default(),
         };
         let default_pools = PytorchPlacement.pools();
         a.policies.default_pool_map = a.register_pools(&default_pools);
@@ -357,6 +381,9 @@ impl<D: Device> Allocator<D> {
         if bytes > MAX_ALLOC {
             return Err(AllocError::TooLarge { bytes });
         }
+        if !self.pending.is_empty() {
+            self.poll_pending()?;
+        }
         let req = AllocRequest { bytes, kind, stream };
         let ctx = self.context();
         let p = self.policies.place(&req, &ctx);
@@ -425,6 +452,13 @@ impl<D: Device> Allocator<D> {
         let base = match self.device.alloc_segment(segment_bytes) {
             Ok(b) => b,
             Err(DeviceError::OutOfMemory { .. }) => {
+                if !self.pending.is_empty() {
+                    // Last resort before giving up: wait for the streams so
+                    // that every deferred free completes.
+                    self.device.synchronize()?;
+                    self.stats.device_syncs += 1;
+                    self.poll_pending()?;
+                }
                 let hopeless = self
                     .device
                     .available()
@@ -480,7 +514,7 @@ impl<D: Device> Allocator<D> {
     pub fn free(&mut self, id: TensorId) -> Result<(), AllocError> {
         let t = self.tensors.remove(id).ok_or(AllocError::UnknownTensor(id))?;
         self.clock += 1;
-        let mut blk = t.block;
+        let blk = t.block;
         let b = self.blocks.get_mut(blk);
         b.tensor = NIL;
         let seg_idx = b.segment;
@@ -494,6 +528,22 @@ impl<D: Device> Allocator<D> {
             let addr = seg.base + self.blocks.get(blk).offset;
             self.record(ActionKind::Free, addr, t.bytes, seg.stream, Some(t.kind));
         }
+        self.pins.remove(&id.slot);
+        if let Some(streams) = self.cross_uses.remove(&id.slot) {
+            if self.defer_free(blk, &streams)? {
+                return Ok(());
+            }
+        }
+        self.return_block(blk)
+    }
+
+    /// Returns a block that holds no tensor to its pool: merges it with free
+    /// neighbours, then indexes it, or releases its segment when the pool
+    /// does not cache and the segment is entirely free.
+    fn return_block(&mut self, mut blk: u32) -> Result<(), AllocError> {
+        let seg_idx = self.blocks.get(blk).segment;
+        let seg = *self.segments.get(seg_idx);
+        let pool = seg.pool as usize;
         // Merge with the previous block.
         let prev = self.blocks.get(blk).prev;
         if prev != NIL && self.blocks.get(prev).is_free() {
@@ -535,8 +585,12 @@ impl<D: Device> Allocator<D> {
         let t = self.tensors.get_mut(id).ok_or(AllocError::UnknownTensor(id))?;
         t.last_use = clock;
         t.use_count += 1;
-        if stream.is_some_and(|s| s != t.stream) {
+        if let Some(s) = stream.filter(|&s| s != t.stream) {
             t.cross_stream = true;
+            let others = self.cross_uses.entry(id.slot).or_default();
+            if !others.contains(&s) {
+                others.push(s);
+            }
         }
         self.clock = clock;
         self.stats.uses += 1;
@@ -545,6 +599,9 @@ impl<D: Device> Allocator<D> {
 
     /// Marks a training phase; the reclamation policy is consulted.
     pub fn phase(&mut self, phase: Phase, step: u64) -> Result<(), AllocError> {
+        if !self.pending.is_empty() {
+            self.poll_pending()?;
+        }
         self.phase = Some(phase);
         self.step = step;
         self.run_reclaim(&ReclaimTrigger::Phase { phase, step })
@@ -553,7 +610,12 @@ impl<D: Device> Allocator<D> {
     fn run_reclaim(&mut self, trigger: &ReclaimTrigger) -> Result<(), AllocError> {
         let ctx = self.context();
         let pools = &self.pools;
-        let (mut d, _) = self.policies.reclaim(trigger, &ctx, |name| pools.iter().any(|p| p.name == name));
+        let (mut d, _) = self
+            .policies
+            .reclaim(trigger, &ctx, |name| pools.iter().find(|p| p.name == name).map(|p| p.gauges.allocated_bytes));
+        if let Some((pool, budget)) = d.compact.take() {
+            self.compact(&pool, budget)?;
+        }
         if d.release_bytes > 0 {
             // Pools the current placement policy no longer places into (left
             // by a swapped-out policy) only strand memory: a release that names
@@ -602,6 +664,7 @@ impl<D: Device> Allocator<D> {
         let mut segs = self.free_segments(decision.pools.as_deref());
         segs.sort_by_key(|&s| (std::cmp::Reverse(self.segments.get(s).size), self.segments.get(s).base));
         let mut released = 0u64;
+        let t0 = self.device.counters().time_us;
         for s in segs {
             if released >= decision.release_bytes {
                 break;
@@ -614,6 +677,9 @@ impl<D: Device> Allocator<D> {
             released += size;
         }
         self.stats.reclaimed_bytes += released;
+        if released > 0 {
+            self.record_pause(t0);
+        }
         Ok(released)
     }
 
@@ -630,6 +696,17 @@ impl<D: Device> Allocator<D> {
         self.pools[seg.pool as usize].gauges.sub_reserved(seg.size);
         self.record(ActionKind::SegmentFree, seg.base, seg.size, seg.stream, None);
         Ok(())
+    }
+
+    /// Records a GC pause that started when the device time was `t0`.
+    fn record_pause(&mut self, t0: f64) {
+        self.stats.gc_pauses += 1;
+        self.gc_pauses.record(self.device.counters().time_us - t0);
+    }
+
+    /// Durations of the releases of cached memory so far ("GC pauses").
+    pub fn gc_pauses(&self) -> &PauseHistogram {
+        &self.gc_pauses
     }
 
     /// A view of a live tensor.
@@ -717,7 +794,7 @@ impl<D: Device> Allocator<D> {
                 last_use: t.last_use,
                 use_count: t.use_count,
                 in_use: false,
-                pinned: false,
+                pinned: self.pins.contains_key(&id.slot),
             })
             .collect()
     }

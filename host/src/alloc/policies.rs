@@ -210,7 +210,7 @@ impl PolicySet {
         &mut self,
         trigger: &ReclaimTrigger,
         ctx: &PolicyContext,
-        pool_exists: impl Fn(&str) -> bool,
+        pool_allocated: impl Fn(&str) -> Option<u64>,
     ) -> (ReclaimDecision, bool) {
         let h = &mut self.health[1];
         let result = if h.disabled {
@@ -220,8 +220,23 @@ impl PolicySet {
             self.reclamation.reclaim(trigger, ctx)
         };
         let checked = result.and_then(|d| {
-            if let Some(bad) = d.pools.iter().flatten().find(|p| !pool_exists(p)) {
+            if let Some(bad) = d.pools.iter().flatten().find(|p| pool_allocated(p).is_none()) {
                 return Err(PolicyError::InvalidDecision(format!("pool `{bad}` does not exist")));
+            }
+            if let Some((pool, budget)) = &d.compact {
+                match pool_allocated(pool) {
+                    None => {
+                        return Err(PolicyError::InvalidDecision(format!(
+                            "compaction of pool `{pool}`, which does not exist"
+                        )))
+                    }
+                    Some(a) if *budget > a => {
+                        return Err(PolicyError::InvalidDecision(format!(
+                            "compaction budget {budget} exceeds pool `{pool}`'s {a} allocated bytes"
+                        )))
+                    }
+                    Some(_) => {}
+                }
             }
             Ok(d)
         });

@@ -4,7 +4,9 @@
 //! - `reserved_bytes = Σ segment sizes`, per pool and in total;
 //! - `allocated_bytes = Σ sizes of blocks holding a tensor`;
 //! - `live_bytes = Σ requested bytes of live tensors`;
-//! - `live ≤ allocated ≤ reserved`, and every `peak_*` ≥ its current value.
+//! - `live ≤ allocated ≤ reserved`, and every `peak_*` ≥ its current value;
+//! - `pending_bytes = Σ sizes of blocks waiting on stream events` and
+//!   `allocated + pending ≤ reserved`.
 
 use serde::Serialize;
 
@@ -77,6 +79,10 @@ impl Stats {
             policy_traps: self.policy_traps - earlier.policy_traps,
             policy_fallbacks: self.policy_fallbacks - earlier.policy_fallbacks,
             policy_memo_hits: self.policy_memo_hits - earlier.policy_memo_hits,
+            deferred_frees: self.deferred_frees - earlier.deferred_frees,
+            pending_bytes: self.pending_bytes,
+            gc_pauses: self.gc_pauses - earlier.gc_pauses,
+            compactions: self.compactions - earlier.compactions,
         }
     }
 }
@@ -119,4 +125,59 @@ pub struct Stats {
     pub policy_fallbacks: u64,
     /// Placement decisions served from the memo.
     pub policy_memo_hits: u64,
+    /// Frees whose block waited on events of other streams before returning
+    /// to its pool.
+    pub deferred_frees: u64,
+    /// Gauge: bytes of blocks waiting on stream events (neither free nor live).
+    pub pending_bytes: u64,
+    /// Releases of cached memory (reclamation or compaction) that freed at
+    /// least one segment; their durations are in [`PauseHistogram`].
+    pub gc_pauses: u64,
+    /// Compaction runs that moved at least one block.
+    pub compactions: u64,
+}
+
+/// Durations of "GC pauses": releases of cached memory, each measured as the
+/// device time (cost model: free + synchronization per segment) it took.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PauseHistogram {
+    samples: Vec<f64>,
+}
+
+impl PauseHistogram {
+    /// Records one pause of `us` microseconds.
+    pub fn record(&mut self, us: f64) {
+        self.samples.push(us);
+    }
+
+    /// Number of pauses recorded.
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    /// Whether no pause was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    /// The pauses recorded from index `from` on (e.g. after a split point).
+    pub fn since(&self, from: usize) -> PauseHistogram {
+        PauseHistogram { samples: self.samples.get(from..).unwrap_or_default().to_vec() }
+    }
+
+    /// The `q`-quantile (0 ≤ q ≤ 1, nearest rank) in microseconds; 0 when empty.
+    pub fn quantile(&self, q: f64) -> f64 {
+        if self.samples.is_empty() {
+            return 0.0;
+        }
+        let mut v = self.samples.clone();
+        v.sort_by(f64::total_cmp);
+        let rank = (q.clamp(0.0, 1.0) * v.len() as f64).ceil() as usize;
+        v[rank.saturating_sub(1).min(v.len() - 1)]
+    }
+
+    /// The longest pause in microseconds; 0 when empty.
+    pub fn max(&self) -> f64 {
+        self.samples.iter().copied().fold(0.0, f64::max)
+    }
 }
