@@ -630,6 +630,21 @@ impl<D: Device> Allocator<D> {
             }
             self.release_cached(&d)?;
         }
+        if let ReclaimTrigger::Grow { segment_bytes, .. } = trigger {
+            // Pools that neither the current placement policy nor the default
+            // serves (left by a swapped-out policy) can never hand out their
+            // cache again: the engine gives it back before growing, whatever
+            // the policy said.
+            let orphans: Vec<String> = (0..self.pools.len() as u32)
+                .filter(|i| !self.policies.pool_map.contains(i) && !self.policies.default_pool_map.contains(i))
+                .filter(|&i| self.pools[i as usize].cached_bytes() > 0)
+                .map(|i| self.pools[i as usize].name.clone())
+                .collect();
+            if !orphans.is_empty() {
+                let d = ReclaimDecision { release_bytes: *segment_bytes, pools: Some(orphans), compact: None };
+                self.release_cached(&d)?;
+            }
+        }
         Ok(())
     }
 
