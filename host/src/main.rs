@@ -10,10 +10,14 @@ use rayon::prelude::*;
 
 use std::time::Duration;
 
+use wasmem::alloc::Allocator;
 use wasmem::builtin::Policies;
+use wasmem::device::cuda::CudaDevice;
 use wasmem::device::sim::SimConfig;
+use wasmem::device::sim::SimDevice;
+use wasmem::device::Device;
 use wasmem::policy::{resolve_with, Limits, Runtime, RuntimeConfig};
-use wasmem::replay::{replay_split, Metrics, ReplayConfig, Split};
+use wasmem::replay::{replay_split, Metrics, ReplayConfig, Split, SplitHook};
 use wasmem::report;
 use wasmem::synth::{synth, ModelSpec, Optimizer};
 use wasmem::trace::Event;
@@ -175,6 +179,15 @@ impl ModelArgs {
     }
 }
 
+/// Device backends selectable on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum DeviceKind {
+    /// The simulated device.
+    Sim,
+    /// A CUDA GPU through the driver API.
+    Cuda,
+}
+
 #[derive(Args)]
 struct Common {
     /// Trace files (trace v1 `.jsonl` or `.jsonl.gz`) or PyTorch memory
@@ -186,6 +199,9 @@ struct Common {
     /// Simulated device memory (e.g. 80GiB, 16GB).
     #[arg(long, default_value = "80GiB", value_parser = parse_size)]
     device_mem: u64,
+    /// Device backend: `sim` (simulated, the default) or `cuda` (GPU 0).
+    #[arg(long, value_enum, default_value_t = DeviceKind::Sim)]
+    device: DeviceKind,
     /// Print one JSON object per (trace, policy) instead of text.
     #[arg(long)]
     json: bool,
@@ -314,6 +330,27 @@ struct RunOpts<'a> {
 }
 
 fn run_full(input: &Input, policy: &str, common: &Common, opts: &RunOpts<'_>) -> Result<RunOut> {
+    let policies = policies_for(policy, common.deadline_ms)?;
+    match common.device {
+        DeviceKind::Sim => {
+            let dev = SimDevice::new(SimConfig { capacity: common.device_mem, ..SimConfig::default() });
+            run_on(Allocator::new(dev, policies), input, policy, common, opts)
+        }
+        DeviceKind::Cuda => {
+            // A replay on a real GPU: segments come from the device itself.
+            let dev = CudaDevice::new(0).map_err(|e| anyhow::anyhow!("--device cuda: {e}"))?;
+            run_on(Allocator::new(dev, policies), input, policy, common, opts)
+        }
+    }
+}
+
+fn run_on<D: Device + 'static>(
+    alloc: Allocator<D>,
+    input: &Input,
+    policy: &str,
+    common: &Common,
+    opts: &RunOpts<'_>,
+) -> Result<RunOut> {
     let (progress, export) = (opts.progress, opts.export);
     let reader = input.events()?;
     let cfg = ReplayConfig {
@@ -321,10 +358,6 @@ fn run_full(input: &Input, policy: &str, common: &Common, opts: &RunOpts<'_>) ->
         record_actions: export.is_some(),
         sample_every: opts.sample_every,
     };
-    let alloc = wasmem::alloc::Allocator::new(
-        wasmem::device::sim::SimDevice::new(cfg.device),
-        policies_for(policy, common.deadline_ms)?,
-    );
     let bar = progress.then(|| {
         let b = indicatif::ProgressBar::new_spinner();
         b.set_message(format!("{} · {policy}", input.name()));
@@ -333,14 +366,12 @@ fn run_full(input: &Input, policy: &str, common: &Common, opts: &RunOpts<'_>) ->
     let split = match opts.swap {
         Some((at, to)) => {
             let next = policies_for(to, common.deadline_ms)?;
-            Some(Split {
-                at: *at,
-                hook: Box::new(move |a: &mut wasmem::alloc::Allocator<wasmem::device::sim::SimDevice>| {
-                    a.set_placement(next.placement);
-                    a.set_reclamation(next.reclamation);
-                    a.set_eviction(next.eviction);
-                }),
-            })
+            let hook: SplitHook<'_, D> = Box::new(move |a: &mut Allocator<D>| {
+                a.set_placement(next.placement);
+                a.set_reclamation(next.reclamation);
+                a.set_eviction(next.eviction);
+            });
+            Some(Split { at: *at, hook })
         }
         None => None,
     };

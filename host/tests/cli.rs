@@ -114,3 +114,19 @@ fn synth_writes_a_trace_that_replays() {
     assert_eq!(metrics(&out)[0]["allocs"], from_file["allocs"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn cuda_device_without_a_driver_is_a_clean_error() {
+    if wasmem::device::cuda::driver_present() {
+        eprintln!("skipping: a CUDA driver is present");
+        return;
+    }
+    for cmd in ["replay", "compare"] {
+        let (code, out, err) = wasmem(&[cmd, "--synth", "gpt2-124m", "--device", "cuda"]);
+        assert_eq!(code, 1, "{cmd}: {out}{err}");
+        assert_eq!(
+            err.trim(),
+            "error: --device cuda: no CUDA driver found (libcuda could not be loaded); use --device sim"
+        );
+    }
+}
