@@ -28,7 +28,11 @@ fn default_check_passes_pytorch_like() {
     let v = wasmem::policy::check(&path);
     // The default 1 ms deadline could be missed on an overloaded machine;
     // the verdict then says so. Any other failure is a bug.
-    assert!(v.passed() || v.items.iter().all(|i| i.outcome != Outcome::Fail || i.detail.to_lowercase().contains("deadline")), "{v}");
+    assert!(
+        v.passed()
+            || v.items.iter().all(|i| i.outcome != Outcome::Fail || i.detail.to_lowercase().contains("deadline")),
+        "{v}"
+    );
     assert!(v.to_string().contains("pytorch-like"));
 }
 
