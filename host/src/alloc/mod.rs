@@ -528,10 +528,15 @@ impl<D: Device> Allocator<D> {
             let addr = seg.base + self.blocks.get(blk).offset;
             self.record(ActionKind::Free, addr, t.bytes, seg.stream, Some(t.kind));
         }
-        self.pins.remove(&id.slot);
-        if let Some(streams) = self.cross_uses.remove(&id.slot) {
-            if self.defer_free(blk, &streams)? {
-                return Ok(());
+        // Both maps are empty or miss for most tensors: skip the hashing then.
+        if !self.pins.is_empty() {
+            self.pins.remove(&id.slot);
+        }
+        if t.cross_stream {
+            if let Some(streams) = self.cross_uses.remove(&id.slot) {
+                if self.defer_free(blk, &streams)? {
+                    return Ok(());
+                }
             }
         }
         self.return_block(blk)
