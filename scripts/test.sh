@@ -9,4 +9,8 @@ bash policies/build.sh
 (cd policies && cargo test --quiet --locked)
 (cd policies/python && python3 -m unittest --quiet)
 (cd policies/js && npm test --silent)
+# One build of every target (the same features as the test run, so nothing is
+# compiled twice); it also produces libwasmem_capi.so, which `cargo test` alone
+# does not (it builds that crate as an rlib), for the C ABI tests.
+cargo build --release --workspace --all-targets
 cargo test --release --workspace "$@"

@@ -14,7 +14,12 @@ fn library() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
     let lib = profile_dir.join("libwasmem_capi.so");
-    assert!(lib.is_file(), "{} was not built", lib.display());
+    assert!(
+        lib.is_file(),
+        "{} was not built: `cargo test` builds the crate as an rlib only; build the workspace first with \
+         `cargo build --release --workspace --all-targets` (scripts/test.sh does)",
+        lib.display()
+    );
     lib
 }
 
