@@ -130,3 +130,37 @@ fn cuda_device_without_a_driver_is_a_clean_error() {
         );
     }
 }
+
+#[test]
+fn compare_plots_and_swaps() {
+    let dir = std::env::temp_dir().join(format!("wasmem-plot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let svg = dir.join("mem.svg");
+    let (code, out, err) = wasmem(&[
+        "compare",
+        "--synth",
+        "gpt2-124m",
+        "--policy",
+        "pytorch",
+        "--policy",
+        "lifecycle",
+        "--swap-at",
+        "4000:naive",
+        "--plot",
+        svg.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("both halves of the hot swap"), "{out}");
+    assert!(out.contains("pytorch [0,4000)") && out.contains("→naive [4000,end)"), "{out}");
+    let text = std::fs::read_to_string(&svg).expect("the plot was written");
+    assert!(text.starts_with("<svg") && text.contains("lifecycle reserved"), "not the expected SVG");
+    let (code, out, err) = wasmem(&["compare", "--synth", "gpt2-124m", "--swap-at", "4000:lifecycle", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let first: serde_json::Value = serde_json::from_str(out.lines().next().expect("a line")).expect("JSON");
+    assert_eq!(first["halves"]["split_at"], 4000);
+    assert_eq!(
+        first["halves"]["first"]["events"].as_u64().unwrap() + first["halves"]["second"]["events"].as_u64().unwrap(),
+        first["events"].as_u64().unwrap()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
