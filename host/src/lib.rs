@@ -28,6 +28,7 @@
 
 pub mod alloc;
 pub mod builtin;
+pub mod comm;
 pub mod decision;
 pub mod device;
 pub mod plot;
