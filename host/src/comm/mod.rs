@@ -12,6 +12,7 @@
 //! (through `cudarc::nccl`) implements the same trait on GPUs.
 
 pub mod local;
+pub mod nccl;
 
 use std::time::Duration;
 
