@@ -9,11 +9,14 @@
 #                                       #   else build with cargo (--offline), then
 #                                       #   probe the device, run the GPU tests, run the benchmark,
 #                                       #   run the PyTorch example (examples/pytorch) when
-#                                       #   /opt/torch/.venv/bin/python3 (or $WASMEM_TORCH_PYTHON) exists
+#                                       #   /opt/torch/.venv/bin/python3 (or $WASMEM_TORCH_PYTHON) exists,
+#                                       #   run the NCCL check (one rank per GPU, all of them, through
+#                                       #   the launcher environment and the TCP unique-id exchange)
 #
 # Writes the benchmark table to stdout, and when $OUT is set:
 #   $OUT/gpu-check.json  (the table as JSON; the PyTorch comparison under `pytorch_example`),
-#   $OUT/gpu-tests.log, $OUT/gpu-bench.log, $OUT/pytorch.log, $OUT/pytorch/ (results, trace)
+#   $OUT/gpu-tests.log, $OUT/gpu-bench.log, $OUT/pytorch.log, $OUT/pytorch/ (results, trace),
+#   $OUT/nccl-rank<R>.log
 #
 # Exit status: 0 all passed; 1 a test, the benchmark or the PyTorch comparison failed; 2 nothing to run
 # (no cargo and no prepared binaries, or the build failed); 3 no CUDA driver or GPU.
@@ -40,7 +43,7 @@ done
 
 say() { echo "gpu-check: $*"; }
 
-# Builds the test binary, the example and the C library; sets TEST_BIN, BENCH_BIN and CAPI_LIB.
+# Builds the test binary, the examples and the C library; sets TEST_BIN, BENCH_BIN, NCCL_BIN and CAPI_LIB.
 # $1: extra cargo flags (e.g. --offline).
 build() {
     if ! command -v cargo >/dev/null 2>&1; then
@@ -51,9 +54,9 @@ build() {
     local t0 json
     t0=$(date +%s)
     json=$(mktemp)
-    say "building (cargo build --release -p wasmem --test cuda_device --example gpu_bench $*) ..."
+    say "building (cargo build --release -p wasmem --test cuda_device --example gpu_bench --example nccl_check $*) ..."
     # shellcheck disable=SC2068
-    if ! cargo build --release -p wasmem --test cuda_device --example gpu_bench $@ \
+    if ! cargo build --release -p wasmem --test cuda_device --example gpu_bench --example nccl_check $@ \
         --message-format=json-render-diagnostics >"$json"; then
         rm -f "$json"
         say "build failed"
@@ -61,6 +64,7 @@ build() {
     fi
     TEST_BIN=$(grep '"name":"cuda_device"' "$json" | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
     BENCH_BIN=$(grep '"name":"gpu_bench"' "$json" | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
+    NCCL_BIN=$(grep '"name":"nccl_check"' "$json" | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
     say "building (cargo build --release -p wasmem-capi $*) ..."
     # shellcheck disable=SC2068
     if ! cargo build --release -p wasmem-capi $@ --message-format=json-render-diagnostics >"$json"; then
@@ -82,8 +86,9 @@ if [ "$MODE" = prepare ]; then
     mkdir -p "$PREP"
     cp "$TEST_BIN" "$PREP/cuda_device"
     cp "$BENCH_BIN" "$PREP/gpu_bench"
+    cp "$NCCL_BIN" "$PREP/nccl_check"
     cp "$CAPI_LIB" "$PREP/libwasmem_capi.so"
-    if command -v strip >/dev/null 2>&1; then strip "$PREP/cuda_device" "$PREP/gpu_bench" "$PREP/libwasmem_capi.so"; fi
+    if command -v strip >/dev/null 2>&1; then strip "$PREP/cuda_device" "$PREP/gpu_bench" "$PREP/nccl_check" "$PREP/libwasmem_capi.so"; fi
     if command -v nm >/dev/null 2>&1; then
         say "libwasmem_capi.so exports: $(nm -D --defined-only "$PREP/libwasmem_capi.so" | awk '{print $NF}' | tr '\n' ' ')"
     fi
@@ -106,6 +111,7 @@ fi
 if [ "${WASMEM_GPU_CHECK_BUILD:-0}" != 1 ] && [ -x "$PREP/cuda_device" ] && [ -x "$PREP/gpu_bench" ]; then
     TEST_BIN="$PREP/cuda_device"
     BENCH_BIN="$PREP/gpu_bench"
+    NCCL_BIN="$PREP/nccl_check"
     CAPI_LIB="$PREP/libwasmem_capi.so"
     say "using prepared binaries in target/gpu-check/ ($(tr '\n' ';' <"$PREP/BUILD_INFO" 2>/dev/null))"
 else
@@ -179,6 +185,41 @@ with open(path, "w") as f:
 PY
 fi
 
-say "tests: $([ $tests_rc = 0 ] && echo passed || echo "FAILED (rc $tests_rc)"); benchmark: $([ $bench_rc = 0 ] && echo done || echo "FAILED (rc $bench_rc)"); PyTorch example: $torch_status"
-[ $tests_rc = 0 ] && [ $bench_rc = 0 ] && [ $torch_rc = 0 ] || exit 1
+# 5. The NCCL communicator: one process per GPU (RANK, WORLD_SIZE, LOCAL_RANK,
+# MASTER_ADDR, MASTER_PORT), the unique id sent over TCP from rank 0, every
+# collective checked. cudarc opens `libnccl.so` (not `libnccl.so.2`, the only
+# name NVIDIA's pip wheel ships): link it from a private folder when needed.
+nccl_rc=0
+nccl_status=""
+if [ ! -x "${NCCL_BIN:-}" ]; then
+    nccl_status="skipped: nccl_check not built"
+else
+    NCCL_SO=$( (ldconfig -p 2>/dev/null | grep -o '/[^ ]*libnccl\.so[.0-9]*$'; find /opt /usr/local /usr/lib /usr/lib64 -name 'libnccl.so*' 2>/dev/null) | head -1)
+    if [ -n "$NCCL_SO" ]; then
+        NCCL_LINKS=$(mktemp -d)
+        ln -s "$NCCL_SO" "$NCCL_LINKS/libnccl.so"
+        export LD_LIBRARY_PATH="$NCCL_LINKS:$(dirname "$NCCL_SO")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        say "NCCL library: $NCCL_SO"
+    fi
+    NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+    [ "${NGPU:-0}" -ge 1 ] || NGPU=1
+    say "running the NCCL check on $NGPU rank(s), one per GPU"
+    pids=()
+    for ((r = 0; r < NGPU; r++)); do
+        RANK=$r WORLD_SIZE=$NGPU LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 \
+            timeout 120 "$NCCL_BIN" >"${LOGDIR:-/tmp}/nccl-rank$r.log" 2>&1 &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || nccl_rc=$?; done
+    cat "${LOGDIR:-/tmp}"/nccl-rank*.log
+    case $nccl_rc in
+        0) nccl_status="passed on $NGPU rank(s)$([ "$NGPU" -lt 2 ] && echo ' (one GPU: no two-rank all-gather possible)')" ;;
+        3) nccl_status="skipped: no NCCL library (rc 3)"; nccl_rc=0 ;;
+        *) nccl_status="FAILED (rc $nccl_rc)" ;;
+    esac
+fi
+say "NCCL check: $nccl_status"
+
+say "tests: $([ $tests_rc = 0 ] && echo passed || echo "FAILED (rc $tests_rc)"); benchmark: $([ $bench_rc = 0 ] && echo done || echo "FAILED (rc $bench_rc)"); PyTorch example: $torch_status; NCCL: $nccl_status"
+[ $tests_rc = 0 ] && [ $bench_rc = 0 ] && [ $torch_rc = 0 ] && [ $nccl_rc = 0 ] || exit 1
 exit 0
