@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use wasmem::comm::nccl::{nccl_present, Launch, NcclComm};
+use wasmem::comm::nccl::{nccl_present, Launch, NcclComm, NCCL_MISSING};
 use wasmem::comm::{CommError, Communicator};
 
 fn main() {
@@ -18,7 +18,7 @@ fn main() {
         }
     };
     if !nccl_present() {
-        eprintln!("nccl_check: no NCCL or CUDA driver library found (cudarc looks for libnccl.so and libcuda.so)");
+        eprintln!("nccl_check: {NCCL_MISSING}");
         std::process::exit(3);
     }
     let mut c = match NcclComm::new(&launch, Duration::from_secs(60)) {

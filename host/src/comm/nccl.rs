@@ -131,6 +131,11 @@ pub fn exchange_id(launch: &Launch, id: Option<[u8; ID_BYTES]>, timeout: Duratio
     }
 }
 
+/// The error when [`nccl_present`] is false.
+pub const NCCL_MISSING: &str = "no NCCL or CUDA driver library found (searched libcuda.so and libnccl.so on the \
+     loader path; where only libnccl.so.2 is installed, link it: `ln -s /path/to/libnccl.so.2 DIR/libnccl.so` and \
+     add DIR to LD_LIBRARY_PATH); use the local communicator";
+
 /// Whether the NCCL and CUDA driver libraries can be loaded.
 pub fn nccl_present() -> bool {
     // SAFETY: only tries to load the shared libraries; no other call is made.
@@ -162,9 +167,7 @@ impl NcclComm {
     /// Joins the group described by `launch` (rendezvous bounded by `timeout`).
     pub fn new(launch: &Launch, timeout: Duration) -> Result<Self, String> {
         if !nccl_present() {
-            return Err(
-                "no NCCL or CUDA driver library found (libnccl.so.2, libcuda.so); use the local communicator".into()
-            );
+            return Err(NCCL_MISSING.into());
         }
         let ctx = CudaContext::new(launch.local_rank)
             .map_err(|e| format!("rank {}: cannot open GPU {}: {e:?}", launch.rank, launch.local_rank))?;
