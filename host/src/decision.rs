@@ -188,16 +188,27 @@ pub struct ReclaimDecision {
     /// `Allocator::compact`). Valid when the pool exists and the budget is at
     /// most the pool's allocated bytes; otherwise the whole decision is refused.
     pub compact: Option<(String, u64)>,
+    /// On a `Grow` or `AllocFailed` trigger: build the new segment by stitching
+    /// free physical pages of the pool's paged segments into one new virtual
+    /// range (fresh pages only for what is missing) instead of obtaining a
+    /// whole new segment. Ignored on `Phase` triggers and when the pool has no
+    /// paged segments (see [`ReclamationPolicy::paged_segments`]).
+    pub stitch: bool,
+    /// Let `release_bytes` also come from free whole pages inside paged
+    /// segments that still hold tensors (they are unmapped and released, the
+    /// segment is cut around them), not only from entirely free segments.
+    /// Such releases never synchronize the device.
+    pub trim: bool,
 }
 
 impl ReclaimDecision {
     /// Release nothing.
     pub fn none() -> Self {
-        ReclaimDecision { release_bytes: 0, pools: None, compact: None }
+        ReclaimDecision { release_bytes: 0, pools: None, compact: None, stitch: false, trim: false }
     }
     /// Release every fully free cached segment.
     pub fn all() -> Self {
-        ReclaimDecision { release_bytes: u64::MAX, pools: None, compact: None }
+        ReclaimDecision { release_bytes: u64::MAX, pools: None, compact: None, stitch: false, trim: false }
     }
 }
 
@@ -207,6 +218,13 @@ pub trait ReclamationPolicy: Send {
     fn name(&self) -> &str;
     /// Decides what to release after `trigger`.
     fn reclaim(&mut self, trigger: &ReclaimTrigger, ctx: &PolicyContext) -> Result<ReclaimDecision, PolicyError>;
+    /// Whether large segments should be built from individually mapped
+    /// physical pages (virtual memory API) while this policy is active, so
+    /// that `stitch` and `trim` decisions can act on them. Read when the
+    /// policy is installed; segments keep the form they were created with.
+    fn paged_segments(&self) -> bool {
+        false
+    }
 }
 
 /// A tensor the engine offers for eviction.

@@ -75,9 +75,15 @@ impl ReclamationPolicy for BadReclaim {
     fn reclaim(&mut self, _: &ReclaimTrigger, _: &PolicyContext) -> Result<ReclaimDecision, PolicyError> {
         self.0 += 1;
         if self.0.is_multiple_of(2) {
-            Ok(ReclaimDecision { release_bytes: u64::MAX, pools: Some(vec!["nope".into()]), compact: None })
+            Ok(ReclaimDecision {
+                release_bytes: u64::MAX,
+                pools: Some(vec!["nope".into()]),
+                compact: None,
+                stitch: false,
+                trim: false,
+            })
         } else {
-            Ok(ReclaimDecision { release_bytes: 4 * MIB, pools: None, compact: None })
+            Ok(ReclaimDecision { release_bytes: 4 * MIB, pools: None, compact: None, stitch: false, trim: false })
         }
     }
 }

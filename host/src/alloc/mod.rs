@@ -646,7 +646,13 @@ impl<D: Device> Allocator<D> {
                 .map(|i| self.pools[i as usize].name.clone())
                 .collect();
             if !orphans.is_empty() {
-                let d = ReclaimDecision { release_bytes: *segment_bytes, pools: Some(orphans), compact: None };
+                let d = ReclaimDecision {
+                    release_bytes: *segment_bytes,
+                    pools: Some(orphans),
+                    compact: None,
+                    stitch: false,
+                    trim: false,
+                };
                 self.release_cached(&d)?;
             }
         }

@@ -153,7 +153,13 @@ impl ReclamationPolicy for LifecycleReclamation {
             ReclaimTrigger::Grow { request, segment_bytes } => {
                 let own = pool_of(request);
                 let others = POOLS.iter().enumerate().filter(|&(i, _)| i != own).map(|(_, n)| n.to_string());
-                ReclaimDecision { release_bytes: *segment_bytes, pools: Some(others.collect()), compact: None }
+                ReclaimDecision {
+                    release_bytes: *segment_bytes,
+                    pools: Some(others.collect()),
+                    compact: None,
+                    stitch: false,
+                    trim: false,
+                }
             }
             ReclaimTrigger::AllocFailed { .. } => ReclaimDecision::all(),
             ReclaimTrigger::Phase { .. } => ReclaimDecision::none(),

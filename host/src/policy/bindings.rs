@@ -104,7 +104,13 @@ pub fn trigger_to_wit(t: &decision::ReclaimTrigger) -> wit::ReclaimTrigger {
 }
 
 pub fn reclaim_from_wit(d: wit::ReclaimDecision) -> decision::ReclaimDecision {
-    decision::ReclaimDecision { release_bytes: d.release_bytes, pools: d.pools, compact: None }
+    decision::ReclaimDecision {
+        release_bytes: d.release_bytes,
+        pools: d.pools,
+        compact: None,
+        stitch: false,
+        trim: false,
+    }
 }
 
 /// A tensor handle as an opaque eviction-candidate id.
