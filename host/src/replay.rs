@@ -17,7 +17,7 @@ use crate::trace::snapshot::export::{
     BlockState, ExportBlock, ExportInput, ExportSegment, ExportTraceEntry, TraceAction,
 };
 use crate::trace::Event;
-use crate::types::{StreamId, TensorId, GIB};
+use crate::types::{Phase, StreamId, TensorId, GIB};
 
 /// Configuration of a replay.
 #[derive(Debug, Clone)]
@@ -105,6 +105,19 @@ pub struct Metrics {
     pub gc_pause_us_p99: f64,
     /// Longest GC pause in simulated microseconds.
     pub gc_pause_us_max: f64,
+    /// Training steps in the trace (`phase step_end` markers).
+    pub steps: u64,
+    /// Sum of the requested bytes of every allocation.
+    pub bytes_allocated: u64,
+    /// `moved_bytes / steps` (all moved bytes when the trace has no step marker).
+    pub moved_bytes_per_step: f64,
+    /// `moved_bytes / bytes_allocated`: defragmentation traffic against the
+    /// workload's own allocation volume.
+    pub moved_fraction: f64,
+    /// Bytes of free pages stitched into new segments instead of new device memory.
+    pub stitched_bytes: u64,
+    /// Bytes of free pages released from inside partly used paged segments.
+    pub trimmed_bytes: u64,
 }
 
 /// A sample of the allocator's gauges over the trace.
@@ -240,6 +253,7 @@ where
         match ev {
             Event::Alloc { id, bytes, kind, stream, .. } => {
                 m.allocs += 1;
+                m.bytes_allocated += bytes;
                 live += bytes;
                 m.peak_live_bytes = m.peak_live_bytes.max(live);
                 half_peak_live = half_peak_live.max(live);
@@ -272,6 +286,9 @@ where
                 }
             }
             Event::Phase { phase, step } => {
+                if phase == Phase::StepEnd {
+                    m.steps += 1;
+                }
                 alloc.phase(phase, step).map_err(|e| ReplayError::Alloc { event: n, source: e })?;
             }
         }
@@ -295,6 +312,8 @@ where
             frees: m.frees - f.frees,
             peak_live_bytes: half_peak_live,
             zero_byte_allocs: m.zero_byte_allocs - f.zero_byte_allocs,
+            steps: m.steps - f.steps,
+            bytes_allocated: m.bytes_allocated - f.bytes_allocated,
             ..Metrics::default()
         };
         let s = alloc.stats();
@@ -335,6 +354,10 @@ fn fill<D: Device>(m: &mut Metrics, s: &Stats, dev: &D, pauses: &PauseHistogram)
     m.reclaimed_bytes = s.reclaimed_bytes;
     m.device_time_us = dev.counters().time_us;
     m.device_capacity_bytes = dev.capacity();
+    m.stitched_bytes = s.stitched_bytes;
+    m.trimmed_bytes = s.trimmed_bytes;
+    m.moved_bytes_per_step = s.moved_bytes as f64 / m.steps.max(1) as f64;
+    m.moved_fraction = if m.bytes_allocated > 0 { s.moved_bytes as f64 / m.bytes_allocated as f64 } else { 0.0 };
 }
 
 /// The state and recorded actions of a replay in PyTorch's snapshot shape,

@@ -74,3 +74,61 @@ fn overhead_with_compaction() {
         }
     }
 }
+
+/// Stitching and trimming (paged segments) against the segment-based
+/// built-ins: `cargo test --release --test defrag_measure -- --ignored --nocapture stitching`.
+#[test]
+#[ignore]
+fn overhead_with_stitching() {
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces");
+    let Ok(rd) = std::fs::read_dir(&d) else { return };
+    let mut paths: Vec<_> = rd.map(|e| e.unwrap().path()).collect();
+    paths.sort();
+    for path in paths {
+        let s = path.to_string_lossy().to_string();
+        let events: Vec<_> = if s.ends_with(".jsonl.gz") {
+            TraceReader::open(&path).unwrap().map(|e| e.unwrap()).collect()
+        } else if s.ends_with(".pickle") {
+            import_file(&path, &ImportOptions::default()).unwrap().events
+        } else {
+            continue;
+        };
+        let with = |placement: &str, r: builtin::DefragReclamation| {
+            let mut p = builtin::by_name(placement).unwrap();
+            p.reclamation = Box::new(r);
+            p
+        };
+        let d = builtin::DefragReclamation::default();
+        let variants: Vec<(&str, builtin::Policies)> = vec![
+            ("pytorch", builtin::by_name("pytorch").unwrap()),
+            ("lifecycle", builtin::by_name("lifecycle").unwrap()),
+            ("defrag", builtin::by_name("defrag").unwrap()),
+            ("lc+d notrim", with("lifecycle", builtin::DefragReclamation { keep_fraction: 1.0, ..d })),
+            (
+                "lc+d notrim rel",
+                with("lifecycle", builtin::DefragReclamation { keep_fraction: 1.0, release_others: true, ..d }),
+            ),
+            ("pt+d notrim", with("pytorch", builtin::DefragReclamation { keep_fraction: 1.0, ..d })),
+            ("pt+d trim", with("pytorch", d)),
+        ];
+        for (name, p) in variants {
+            let r = replay(events.clone().into_iter().map(Ok::<_, String>), p, &ReplayConfig::default()).unwrap();
+            r.allocator.check_invariants().unwrap_or_else(|e| panic!("{s} {name}: {e}"));
+            let st = r.allocator.stats();
+            let m = r.metrics;
+            println!(
+                "{:28} {:22} ratio {:.4} dev allocs {} frees {} syncs {} stitches {} stitched {} MiB trimmed {} MiB p99 {:.0} us",
+                path.file_name().unwrap().to_string_lossy(),
+                name,
+                m.overhead_ratio,
+                m.device_alloc_calls,
+                m.device_free_calls,
+                m.device_syncs,
+                st.stitches,
+                st.stitched_bytes / MIB,
+                st.trimmed_bytes / MIB,
+                m.gc_pause_us_p99,
+            );
+        }
+    }
+}

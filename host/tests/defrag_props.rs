@@ -4,7 +4,8 @@
 //! step: invariants hold, no tensor is lost, every live tensor's contents are
 //! intact (so a move never corrupts one), a pending block keeps its contents
 //! and is never handed out before its events complete, and a pinned tensor
-//! never moves.
+//! never moves. The same workloads run again over paged segments with
+//! stitching and trimming forced at every opportunity.
 
 use proptest::prelude::*;
 use wasmem::alloc::{AllocError, Allocator};
@@ -72,12 +73,42 @@ fn device() -> SimDevice {
     SimDevice::new(SimConfig { capacity: 96 * MIB, host_backed: true, cost, ..SimConfig::default() })
 }
 
+/// Paged segments: stitches every growth, trims half of the cache (page by
+/// page) and compacts on every phase, releases everything on a failed device
+/// allocation.
+struct StitchTrimCompact;
+
+impl ReclamationPolicy for StitchTrimCompact {
+    fn name(&self) -> &str {
+        "stitch-trim-compact"
+    }
+    fn paged_segments(&self) -> bool {
+        true
+    }
+    fn reclaim(&mut self, t: &ReclaimTrigger, ctx: &PolicyContext) -> Result<ReclaimDecision, PolicyError> {
+        Ok(match t {
+            ReclaimTrigger::Grow { .. } => ReclaimDecision { stitch: true, ..ReclaimDecision::none() },
+            ReclaimTrigger::AllocFailed { .. } => {
+                ReclaimDecision { stitch: true, trim: true, ..ReclaimDecision::all() }
+            }
+            ReclaimTrigger::Phase { .. } => ReclaimDecision {
+                release_bytes: (ctx.reserved_bytes - ctx.allocated_bytes) / 2,
+                trim: true,
+                compact: Some(("large".into(), ctx.allocated_bytes)),
+                ..ReclaimDecision::none()
+            },
+        })
+    }
+}
+
 fn allocator() -> Allocator<SimDevice> {
-    let p = Policies {
-        placement: Box::new(PytorchPlacement),
-        reclamation: Box::new(CompactOnPhase),
-        eviction: Box::new(LruEviction),
-    };
+    allocator_with(false)
+}
+
+fn allocator_with(paged: bool) -> Allocator<SimDevice> {
+    let reclamation: Box<dyn ReclamationPolicy> =
+        if paged { Box::new(StitchTrimCompact) } else { Box::new(CompactOnPhase) };
+    let p = Policies { placement: Box::new(PytorchPlacement), reclamation, eviction: Box::new(LruEviction) };
     Allocator::new(device(), p)
 }
 
@@ -112,8 +143,8 @@ fn check_contents(a: &mut Allocator<SimDevice>, live: &[Live]) {
 /// (address, expected head bytes) of freed tensors whose block is pending.
 type Watched = Vec<(u64, Vec<u8>)>;
 
-fn run(actions: Vec<Action>) {
-    let mut a = allocator();
+fn run(actions: Vec<Action>, paged: bool) {
+    let mut a = allocator_with(paged);
     let mut live: Vec<Live> = Vec::new();
     let mut watched: Watched = Vec::new();
     let mut seed = 0u64;
@@ -203,7 +234,12 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     #[test]
-    fn deferred_frees_and_compaction(actions in prop::collection::vec(action(), 1..300)) { run(actions) }
+    fn deferred_frees_and_compaction(actions in prop::collection::vec(action(), 1..300)) { run(actions, false) }
+
+    /// The same with paged segments, stitching on every growth and trimming
+    /// on every phase: contents survive every cut and remap.
+    #[test]
+    fn stitching_and_trimming(actions in prop::collection::vec(action(), 1..300)) { run(actions, true) }
 }
 
 #[test]
@@ -294,5 +330,74 @@ fn invalid_compaction_requests_are_refused() {
     let s = a.stats();
     assert_eq!(s.policy_fallbacks, f0 + 2);
     assert_eq!(s.moved_bytes, 0);
+    a.check_invariants().unwrap();
+}
+
+/// Holes between live tensors serve a larger request: their pages are
+/// stitched into a new segment with fresh pages only for the rest, the
+/// segment they came from is cut around them, and no live tensor moves or
+/// changes.
+#[test]
+fn stitching_reuses_the_pages_of_holes() {
+    let mut a = allocator_with(true);
+    // Five 4 MiB tensors share one paged 20 MiB segment (10 pages).
+    let ids: Vec<_> = (0..5).map(|_| a.alloc(4 * MIB, TensorKind::Activation, StreamId(0)).unwrap()).collect();
+    let addrs: Vec<_> = ids.iter().map(|&id| a.address(id).unwrap()).collect();
+    for (i, &id) in ids.iter().enumerate() {
+        a.write(id, 0, &pattern(i as u64, 4096)).unwrap();
+    }
+    assert_eq!((a.gauges().reserved_bytes, a.gauges().segments), (20 * MIB, 1));
+    a.free(ids[1]).unwrap();
+    a.free(ids[3]).unwrap();
+    // 8 MiB fits no 4 MiB hole: the growth (a 20 MiB segment) takes the holes'
+    // four pages and six fresh ones.
+    let big = a.alloc(8 * MIB, TensorKind::Activation, StreamId(0)).unwrap();
+    a.write(big, 8 * MIB - 4096, &pattern(99, 4096)).unwrap();
+    let s = a.stats();
+    assert_eq!((s.stitches, s.stitched_bytes), (1, 8 * MIB));
+    assert_eq!(a.gauges().reserved_bytes, 32 * MIB, "20 MiB + 6 fresh pages, not 40 MiB");
+    assert_eq!(a.gauges().segments, 4, "the first segment is cut in three around the holes");
+    for i in [0usize, 2, 4] {
+        assert_eq!(a.address(ids[i]).unwrap(), addrs[i], "a live tensor moved");
+        let mut got = vec![0u8; 4096];
+        a.read(ids[i], 0, &mut got).unwrap();
+        assert_eq!(got, pattern(i as u64, 4096));
+    }
+    let mut got = vec![0u8; 4096];
+    a.read(big, 8 * MIB - 4096, &mut got).unwrap();
+    assert_eq!(got, pattern(99, 4096));
+    a.check_invariants().unwrap();
+    a.device().check_invariants().unwrap();
+    // Trimming gives free pages back without a device synchronization.
+    a.free(ids[2]).unwrap();
+    let syncs = a.stats().device_syncs;
+    let released =
+        a.release_cached(&ReclaimDecision { release_bytes: u64::MAX, trim: true, ..ReclaimDecision::none() });
+    assert!(released.unwrap() >= 4 * MIB);
+    assert!(a.stats().trimmed_bytes >= 4 * MIB);
+    assert_eq!(a.stats().device_syncs, syncs);
+    a.check_invariants().unwrap();
+    a.device().check_invariants().unwrap();
+    for id in [ids[0], ids[4], big] {
+        a.free(id).unwrap();
+    }
+    a.release_cached(&ReclaimDecision::all()).unwrap();
+    assert_eq!((a.gauges().reserved_bytes, a.gauges().segments), (0, 0));
+    assert_eq!(a.device().counters().used_bytes, 0, "every page and reservation went back");
+    a.check_invariants().unwrap();
+}
+
+/// The built-in `defrag` set stitches and never synchronizes the device.
+#[test]
+fn builtin_defrag_stitches_without_syncs() {
+    let mut a = Allocator::with_builtin(device(), "defrag").unwrap();
+    let ids: Vec<_> = (0..5).map(|_| a.alloc(4 * MIB, TensorKind::Activation, StreamId(0)).unwrap()).collect();
+    a.free(ids[1]).unwrap();
+    a.free(ids[3]).unwrap();
+    a.alloc(8 * MIB, TensorKind::Activation, StreamId(0)).unwrap();
+    a.phase(Phase::StepEnd, 1).unwrap();
+    let s = a.stats();
+    assert!(s.stitches >= 1 && s.paged_segments >= 1, "{s:?}");
+    assert_eq!(s.device_syncs, 0);
     a.check_invariants().unwrap();
 }

@@ -137,3 +137,40 @@ fn pytorch_snapshots_lifecycle_not_worse() {
         assert!(lifecycle.peak_reserved_bytes <= pytorch.peak_reserved_bytes, "{name}");
     }
 }
+
+/// Issue 5's goals for the built-in `defrag` set on every shared workload
+/// (traces and PyTorch snapshots): overhead ≤ 1.02, no device-wide
+/// synchronization, reclamation pauses p99 ≤ 1 ms, defragmentation traffic
+/// ≤ 5 % of the bytes allocated; and never worse than `pytorch`.
+#[test]
+fn defrag_meets_the_fragmentation_goals() {
+    let Some(d) = traces_dir() else { return };
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().path()).collect();
+    paths.sort();
+    for p in paths {
+        let s = p.to_string_lossy().to_string();
+        let events: Vec<_> = if s.ends_with(".jsonl.gz") {
+            TraceReader::open(&p).unwrap().map(|e| e.unwrap()).collect()
+        } else if s.ends_with(".pickle") {
+            import_file(&p, &ImportOptions::default()).unwrap().events
+        } else {
+            continue;
+        };
+        let run = |policy: &str| {
+            let ev = events.clone().into_iter().map(Ok::<_, String>);
+            let r = replay(ev, builtin::by_name(policy).unwrap(), &ReplayConfig::default()).unwrap();
+            r.allocator.check_invariants().unwrap();
+            r.metrics
+        };
+        let (pt, m) = (run("pytorch"), run("defrag"));
+        eprintln!(
+            "{s}: defrag ratio {:.4} (pytorch {:.4}) syncs {} p99 {:.0} us moved {:.4} stitched {}",
+            m.overhead_ratio, pt.overhead_ratio, m.device_syncs, m.gc_pause_us_p99, m.moved_fraction, m.stitched_bytes
+        );
+        assert!(m.overhead_ratio <= 1.02, "{s}: overhead {}", m.overhead_ratio);
+        assert!(m.peak_reserved_bytes <= pt.peak_reserved_bytes, "{s}: worse than pytorch");
+        assert_eq!((m.device_syncs, m.ooms), (0, 0), "{s}");
+        assert!(m.gc_pause_us_p99 <= 1000.0, "{s}: p99 pause {} us", m.gc_pause_us_p99);
+        assert!(m.moved_fraction <= 0.05, "{s}: moved {}", m.moved_fraction);
+    }
+}

@@ -1,12 +1,12 @@
 //! The full consistency scan of the allocator's invariants.
 
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::deferred::PENDING;
 use super::slab::NIL;
 use super::stats::Gauges;
 use super::Allocator;
-use crate::device::Device;
+use crate::device::{Device, DevicePtr};
 
 impl<D: Device> Allocator<D> {
     /// Checks every invariant of the module documentation by a full recount;
@@ -133,6 +133,32 @@ impl<D: Device> Allocator<D> {
         }
         if g.reserved_bytes > self.device.capacity() {
             return Err("reserved exceeds the device capacity".into());
+        }
+        self.check_paged()
+    }
+
+    /// Paged segments: page-aligned, `pages × page` bytes, in a known
+    /// reservation whose reference count is the number of its segments.
+    fn check_paged(&self) -> Result<(), String> {
+        let page = self.device.granularity();
+        let mut refs: FxHashMap<DevicePtr, u32> = FxHashMap::default();
+        for (&si, p) in &self.paged {
+            let s = self
+                .segments
+                .try_get(si)
+                .ok_or_else(|| format!("paged entry for segment {si}, which does not exist"))?;
+            if page == 0 || !s.base.is_multiple_of(page) || s.size != p.pages.len() as u64 * page {
+                return Err(format!("paged segment {si} at {:#x}: {} bytes, {} pages", s.base, s.size, p.pages.len()));
+            }
+            if !self.reservations.contains_key(&p.resv) || s.base < p.resv {
+                return Err(format!("paged segment {si} is not inside a known reservation"));
+            }
+            *refs.entry(p.resv).or_default() += 1;
+        }
+        for (va, r) in &self.reservations {
+            if refs.get(va).copied().unwrap_or(0) != r.refs {
+                return Err(format!("reservation {va:#x} counts {} segments, holds {:?}", r.refs, refs.get(va)));
+            }
         }
         Ok(())
     }

@@ -34,6 +34,7 @@ mod compact;
 mod deferred;
 mod free_index;
 mod handles;
+mod paged;
 mod policies;
 mod pool;
 mod slab;
@@ -52,7 +53,7 @@ use crate::decision::{
     ReclamationPolicy,
 };
 use crate::device::{Device, DeviceError, DevicePtr};
-use crate::types::{Phase, StreamId, TensorId, TensorKind, Tier};
+use crate::types::{round_up, Phase, StreamId, TensorId, TensorKind, Tier};
 use deferred::PendingFree;
 use handles::HandleTable;
 use rustc_hash::FxHashMap;
@@ -207,6 +208,10 @@ pub struct Allocator<D: Device> {
     /// Pin counts of pinned tensors (by handle slot).
     pins: FxHashMap<u32, u32>,
     gc_pauses: PauseHistogram,
+    /// Pages of paged segments (by segment index).
+    paged: FxHashMap<u32, paged::PagedSeg>,
+    /// Virtual reservations of paged segments (by base address).
+    reservations: FxHashMap<DevicePtr, paged::Reservation>,
 }
 
 impl<D: Device> Allocator<D> {
@@ -228,6 +233,8 @@ impl<D: Device> Allocator<D> {
             pending: Vec::new(),
             pins: FxHashMap::default(),
             gc_pauses: PauseHistogram::default(),
+            paged: FxHashMap::default(),
+            reservations: FxHashMap::default(),
         };
         let default_pools = PytorchPlacement.pools();
         a.policies.default_pool_map = a.register_pools(&default_pools);
@@ -446,10 +453,19 @@ impl<D: Device> Allocator<D> {
     /// Obtains a new segment for `req` in `pool`; returns its single block,
     /// which is not in the free index.
     fn grow(&mut self, pool: u32, segment_bytes: u64, req: &AllocRequest) -> Result<u32, AllocError> {
+        let mut stitch = false;
         if self.cached_bytes() > 0 {
-            self.run_reclaim(&ReclaimTrigger::Grow { request: *req, segment_bytes })?;
+            stitch = self.run_reclaim(&ReclaimTrigger::Grow { request: *req, segment_bytes })?;
         }
-        let base = match self.device.alloc_segment(segment_bytes) {
+        if stitch {
+            if let Some((block, _)) = self.stitch(pool, req.stream, segment_bytes)? {
+                return Ok(block);
+            }
+        }
+        let page = self.paged_page(segment_bytes);
+        let segment_bytes =
+            if page > 0 { round_up(segment_bytes, page).unwrap_or(segment_bytes) } else { segment_bytes };
+        let (base, paged) = match self.obtain(segment_bytes, page) {
             Ok(b) => b,
             Err(DeviceError::OutOfMemory { .. }) => {
                 if !self.pending.is_empty() {
@@ -459,15 +475,19 @@ impl<D: Device> Allocator<D> {
                     self.stats.device_syncs += 1;
                     self.poll_pending()?;
                 }
-                let hopeless = self
-                    .device
-                    .available()
-                    .is_some_and(|avail| avail.saturating_add(self.releasable_bytes(None)) < segment_bytes);
+                let hopeless = self.device.available().is_some_and(|avail| {
+                    avail.saturating_add(self.releasable_bytes(None)).saturating_add(self.free_page_bytes())
+                        < segment_bytes
+                });
                 if !hopeless {
                     let trigger = ReclaimTrigger::AllocFailed { request: *req, segment_bytes };
-                    self.run_reclaim(&trigger)?;
+                    if self.run_reclaim(&trigger)? {
+                        if let Some((block, _)) = self.stitch(pool, req.stream, segment_bytes)? {
+                            return Ok(block);
+                        }
+                    }
                 }
-                match (hopeless, self.device.alloc_segment(segment_bytes)) {
+                match (hopeless, self.obtain(segment_bytes, page)) {
                     (false, Ok(b)) => b,
                     (_, Err(DeviceError::OutOfMemory { .. })) | (true, _) => {
                         self.stats.ooms += 1;
@@ -486,7 +506,7 @@ impl<D: Device> Allocator<D> {
             }
             Err(e) => return Err(e.into()),
         };
-        self.stats.device_alloc_calls += 1;
+        self.stats.device_alloc_calls += paged.as_ref().map_or(1, |p| p.pages.len() as u64);
         let seg = self.segments.insert(Segment {
             base,
             size: segment_bytes,
@@ -495,6 +515,9 @@ impl<D: Device> Allocator<D> {
             first: NIL,
             born: self.clock,
         });
+        if let Some(p) = paged {
+            self.paged.insert(seg, p);
+        }
         let block = self.blocks.insert(Block {
             segment: seg,
             offset: 0,
@@ -508,6 +531,16 @@ impl<D: Device> Allocator<D> {
         self.pools[pool as usize].gauges.add_reserved(segment_bytes);
         self.record(ActionKind::SegmentAlloc, base, segment_bytes, req.stream, None);
         Ok(block)
+    }
+
+    /// Device memory for a segment of `bytes`: paged when `page > 0`.
+    fn obtain(&mut self, bytes: u64, page: u64) -> Result<(DevicePtr, Option<paged::PagedSeg>), DeviceError> {
+        if page > 0 {
+            let (va, p) = self.alloc_paged_segment(bytes, page)?;
+            Ok((va, Some(p)))
+        } else {
+            Ok((self.device.alloc_segment(bytes)?, None))
+        }
     }
 
     /// Frees a tensor: its block returns to its pool, merged with free neighbours.
@@ -609,15 +642,19 @@ impl<D: Device> Allocator<D> {
         }
         self.phase = Some(phase);
         self.step = step;
-        self.run_reclaim(&ReclaimTrigger::Phase { phase, step })
+        self.run_reclaim(&ReclaimTrigger::Phase { phase, step })?;
+        Ok(())
     }
 
-    fn run_reclaim(&mut self, trigger: &ReclaimTrigger) -> Result<(), AllocError> {
+    /// Consults the reclamation policy and applies its decision; returns
+    /// whether it asked to stitch (meaningful on growth triggers).
+    fn run_reclaim(&mut self, trigger: &ReclaimTrigger) -> Result<bool, AllocError> {
         let ctx = self.context();
         let pools = &self.pools;
         let (mut d, _) = self
             .policies
             .reclaim(trigger, &ctx, |name| pools.iter().find(|p| p.name == name).map(|p| p.gauges.allocated_bytes));
+        let stitch = d.stitch;
         if let Some((pool, budget)) = d.compact.take() {
             self.compact(&pool, budget)?;
         }
@@ -656,7 +693,7 @@ impl<D: Device> Allocator<D> {
                 self.release_cached(&d)?;
             }
         }
-        Ok(())
+        Ok(stitch)
     }
 
     /// Bytes of free blocks cached in all pools.
@@ -686,8 +723,16 @@ impl<D: Device> Allocator<D> {
 
     /// Releases entirely free cached segments, largest first, until
     /// `decision.release_bytes` are released. Returns the bytes released.
+    ///
+    /// With `decision.trim`, paged memory is released page by page instead
+    /// (exactly what is asked, rounded up to a page, from the largest runs of
+    /// free pages, entirely free paged segments included) after the entirely
+    /// free unpaged segments.
     pub fn release_cached(&mut self, decision: &ReclaimDecision) -> Result<u64, AllocError> {
         let mut segs = self.free_segments(decision.pools.as_deref());
+        if decision.trim {
+            segs.retain(|s| !self.paged.contains_key(s));
+        }
         segs.sort_by_key(|&s| (std::cmp::Reverse(self.segments.get(s).size), self.segments.get(s).base));
         let mut released = 0u64;
         let t0 = self.device.counters().time_us;
@@ -702,6 +747,9 @@ impl<D: Device> Allocator<D> {
             self.release_segment(s)?;
             released += size;
         }
+        if decision.trim && released < decision.release_bytes {
+            released += self.trim_pages(decision.release_bytes - released, decision.pools.as_deref())?;
+        }
         self.stats.reclaimed_bytes += released;
         if released > 0 {
             self.record_pause(t0);
@@ -712,12 +760,17 @@ impl<D: Device> Allocator<D> {
     /// Releases a segment whose single free block is not in the free index.
     fn release_segment(&mut self, seg_idx: u32) -> Result<(), AllocError> {
         let seg = *self.segments.get(seg_idx);
-        self.device.free_segment(seg.base)?;
+        if let Some(p) = self.paged.remove(&seg_idx) {
+            // Unmapping idle pages does not synchronize the device.
+            self.stats.device_free_calls += self.release_paged(&seg, p)?;
+        } else {
+            self.device.free_segment(seg.base)?;
+            self.stats.device_free_calls += 1;
+            // cudaFree synchronizes the device.
+            self.stats.device_syncs += 1;
+        }
         self.blocks.remove(seg.first);
         self.segments.remove(seg_idx);
-        self.stats.device_free_calls += 1;
-        // cudaFree synchronizes the device.
-        self.stats.device_syncs += 1;
         self.stats.bytes.sub_reserved(seg.size);
         self.pools[seg.pool as usize].gauges.sub_reserved(seg.size);
         self.record(ActionKind::SegmentFree, seg.base, seg.size, seg.stream, None);

@@ -103,6 +103,14 @@ pub struct PolicySet {
     pub max_consecutive_failures: u32,
 }
 
+impl PolicySet {
+    /// Whether new large segments should be paged: the reclamation policy
+    /// asks for it and is not disabled.
+    pub(crate) fn reclamation_wants_pages(&self) -> bool {
+        !self.health[1].disabled && self.reclamation.paged_segments()
+    }
+}
+
 fn memo_key(req: &AllocRequest, phase: Option<Phase>) -> u64 {
     let class = 64 - req.bytes.leading_zeros() as u64; // log2 size class
     let phase = phase.map_or(0, |p| p as u64 + 1);

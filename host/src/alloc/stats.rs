@@ -44,6 +44,12 @@ impl Gauges {
         self.allocated_bytes -= allocated;
     }
 
+    /// `bytes` of pages left one segment, which became `pieces` segments.
+    pub(crate) fn cut(&mut self, bytes: u64, pieces: u64) {
+        self.reserved_bytes -= bytes;
+        self.segments = self.segments + pieces - 1;
+    }
+
     #[inline]
     pub(crate) fn add_reserved(&mut self, bytes: u64) {
         self.reserved_bytes += bytes;
@@ -83,6 +89,10 @@ impl Stats {
             pending_bytes: self.pending_bytes,
             gc_pauses: self.gc_pauses - earlier.gc_pauses,
             compactions: self.compactions - earlier.compactions,
+            paged_segments: self.paged_segments - earlier.paged_segments,
+            stitches: self.stitches - earlier.stitches,
+            stitched_bytes: self.stitched_bytes - earlier.stitched_bytes,
+            trimmed_bytes: self.trimmed_bytes - earlier.trimmed_bytes,
         }
     }
 }
@@ -135,6 +145,14 @@ pub struct Stats {
     pub gc_pauses: u64,
     /// Compaction runs that moved at least one block.
     pub compactions: u64,
+    /// Segments built from individually mapped pages (virtual memory API).
+    pub paged_segments: u64,
+    /// Segments built by stitching free pages of a pool.
+    pub stitches: u64,
+    /// Bytes of free pages that stitching reused instead of new device memory.
+    pub stitched_bytes: u64,
+    /// Bytes of free pages released from inside partly used paged segments.
+    pub trimmed_bytes: u64,
 }
 
 /// Durations of "GC pauses": releases of cached memory, each measured as the

@@ -5,15 +5,18 @@
 //! | `naive` | one device allocation per tensor, released at free | none | LRU |
 //! | `pytorch` | PyTorch's CUDACachingAllocator defaults | release all cached on a failed device allocation | LRU |
 //! | `lifecycle` | pools per lifetime class, tight segments | before a pool grows, release free segments cached by others; all on a failed device allocation | LRU |
+//! | `defrag` | `lifecycle`'s | paged segments; growth stitched from free pages of every pool; cache above 50 % of reserved trimmed at step ends (≤ 16 MiB each); all on a failed device allocation | LRU |
 //!
 //! The `pytorch` policy is also the built-in *default*: the engine falls back
 //! to its decisions whenever another policy fails or answers invalidly.
 
+mod defrag;
 mod lifecycle;
 mod lru;
 mod naive;
 mod pytorch;
 
+pub use defrag::DefragReclamation;
 pub use lifecycle::{LifecycleClass, LifecyclePlacement, LifecycleReclamation};
 pub use lru::LruEviction;
 pub use naive::NaivePlacement;
@@ -32,7 +35,7 @@ pub struct Policies {
 }
 
 /// Names of the built-in policy sets.
-pub const BUILTIN_NAMES: [&str; 3] = ["naive", "pytorch", "lifecycle"];
+pub const BUILTIN_NAMES: [&str; 4] = ["naive", "pytorch", "lifecycle", "defrag"];
 
 /// The built-in policy set called `name`.
 pub fn by_name(name: &str) -> Option<Policies> {
@@ -40,6 +43,7 @@ pub fn by_name(name: &str) -> Option<Policies> {
         "naive" => (Box::new(NaivePlacement), Box::new(PytorchReclamation)),
         "pytorch" => (Box::new(PytorchPlacement), Box::new(PytorchReclamation)),
         "lifecycle" => (Box::new(LifecyclePlacement::default()), Box::new(LifecycleReclamation)),
+        "defrag" => (Box::new(LifecyclePlacement::default()), Box::new(DefragReclamation::default())),
         _ => return None,
     };
     Some(Policies { placement, reclamation, eviction: Box::new(LruEviction) })

@@ -1,0 +1,378 @@
+//! Paged segments and the two mechanisms they allow: stitching and trimming.
+//!
+//! While the reclamation policy asks for it ([`ReclamationPolicy::paged_segments`]
+//! — read at each growth) and the device has a virtual memory API
+//! (granularity > 0), a segment of at least two pages is built from
+//! individually mapped physical pages: one virtual reservation, one physical
+//! allocation per page (`cuMemAddressReserve` + `cuMemCreate` + `cuMemMap` on
+//! CUDA), instead of one `cudaMalloc`.
+//!
+//! - **Stitching** (GMLake): when a pool must grow and the reclamation
+//!   decision says `stitch`, the whole pages inside its free blocks are
+//!   unmapped and mapped again, in order, into a new reservation — fresh pages
+//!   only for what is missing. A large request is thus served from free memory
+//!   that is not contiguous, without copying a byte.
+//! - **Trimming**: a release with `trim` also unmaps and releases the free
+//!   whole pages inside segments that still hold tensors.
+//!
+//! Taking pages out of the middle of a segment *cuts* it: the part before the
+//! pages and the part after them become two segments (same reservation, same
+//! pool and stream), each still tiled by its blocks; the free block that held
+//! the pages keeps its bytes outside them as free remnants. Addresses of live
+//! tensors never change. Releasing paged memory unmaps pages of idle blocks: it
+//! does not synchronize the device (`cudaFree` does), so it is not counted in
+//! `device_syncs`.
+//!
+//! Invariants (checked by `Allocator::check_invariants`):
+//! - a paged segment's base is page-aligned, its size is `pages × page`, and
+//!   page `i` is mapped at `base + i × page`;
+//! - a reservation's reference count equals the number of segments inside it,
+//!   and a reservation with no segment is released at once.
+//!
+//! [`ReclamationPolicy::paged_segments`]: crate::decision::ReclamationPolicy::paged_segments
+
+use super::slab::{Block, Segment, NIL};
+use super::{ActionKind, AllocError, Allocator};
+use crate::device::{Device, DeviceError, DevicePtr, PhysHandle};
+use crate::types::StreamId;
+
+/// The pages of one paged segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PagedSeg {
+    /// Physical page `i` is mapped at `segment.base + i × page`.
+    pub pages: Vec<PhysHandle>,
+    /// The reservation the segment lies in (key of `Allocator::reservations`).
+    pub resv: DevicePtr,
+}
+
+/// A virtual reservation and the number of segments inside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Reservation {
+    /// Segments that lie in it.
+    pub refs: u32,
+}
+
+/// A run of whole free pages inside one free block.
+#[derive(Debug, Clone, Copy)]
+struct PageRun {
+    /// The free block holding the pages.
+    block: u32,
+    /// Address of the first page (absolute: carving renumbers offsets).
+    va: DevicePtr,
+    /// Number of pages.
+    count: u64,
+}
+
+/// A run of pages by segment-relative index (inside `carve`).
+#[derive(Debug, Clone, Copy)]
+struct PageRunIdx {
+    first: u64,
+    count: u64,
+}
+
+impl<D: Device> Allocator<D> {
+    /// The page size for paged segments, or 0 when they cannot be used now.
+    pub(super) fn paged_page(&self, segment_bytes: u64) -> u64 {
+        let page = self.device.granularity();
+        if page == 0 || segment_bytes < page || !self.policies.reclamation_wants_pages() {
+            return 0;
+        }
+        page
+    }
+
+    /// Obtains `pages` fresh physical pages; on failure releases those
+    /// already created and returns the device's error.
+    fn create_pages(&mut self, pages: u64, page: u64) -> Result<Vec<PhysHandle>, DeviceError> {
+        let mut out = Vec::with_capacity(pages as usize);
+        for _ in 0..pages {
+            match self.device.create_physical(page) {
+                Ok(h) => out.push(h),
+                Err(e) => {
+                    for h in out {
+                        self.device.release_physical(h)?;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Maps `pages` in order into a new reservation; returns its base.
+    /// On failure everything is unmapped again; the pages stay unmapped and
+    /// owned by the caller.
+    fn map_pages(&mut self, pages: &[PhysHandle], page: u64) -> Result<DevicePtr, DeviceError> {
+        let va = self.device.reserve_virtual(pages.len() as u64 * page)?;
+        for (i, &h) in pages.iter().enumerate() {
+            if let Err(e) = self.device.map(va + i as u64 * page, h) {
+                for j in 0..i {
+                    self.device.unmap(va + j as u64 * page)?;
+                }
+                self.device.release_virtual(va)?;
+                return Err(e);
+            }
+        }
+        Ok(va)
+    }
+
+    /// Allocates a paged segment of `bytes` (a multiple of `page`): returns
+    /// its base. The device's error (e.g. out of memory) leaves nothing behind.
+    pub(super) fn alloc_paged_segment(&mut self, bytes: u64, page: u64) -> Result<(DevicePtr, PagedSeg), DeviceError> {
+        let pages = self.create_pages(bytes / page, page)?;
+        match self.map_pages(&pages, page) {
+            Ok(va) => {
+                self.reservations.insert(va, Reservation { refs: 1 });
+                self.stats.paged_segments += 1;
+                Ok((va, PagedSeg { pages, resv: va }))
+            }
+            Err(e) => {
+                for h in pages {
+                    self.device.release_physical(h)?;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Unmaps and releases a paged segment's pages (the segment itself is
+    /// removed by the caller); releases the reservation when it was the last
+    /// segment in it. Returns the number of pages released.
+    pub(super) fn release_paged(&mut self, seg: &Segment, ps: PagedSeg) -> Result<u64, AllocError> {
+        let page = self.device.granularity();
+        for (i, &h) in ps.pages.iter().enumerate() {
+            self.device.unmap(seg.base + i as u64 * page)?;
+            self.device.release_physical(h)?;
+        }
+        self.drop_resv_ref(ps.resv)?;
+        Ok(ps.pages.len() as u64)
+    }
+
+    fn drop_resv_ref(&mut self, resv: DevicePtr) -> Result<(), AllocError> {
+        let r = self.reservations.get_mut(&resv).expect("a paged segment's reservation is known");
+        r.refs -= 1;
+        if r.refs == 0 {
+            self.reservations.remove(&resv);
+            self.device.release_virtual(resv)?;
+        }
+        Ok(())
+    }
+
+    /// Bytes of whole free pages inside free blocks of paged segments.
+    pub(super) fn free_page_bytes(&self) -> u64 {
+        self.free_page_runs(None, None).iter().map(|r| r.count).sum::<u64>() * self.device.granularity()
+    }
+
+    /// Runs of whole free pages in free blocks of paged segments of `pool`,
+    /// largest first (ties: lower address first).
+    fn free_page_runs(&self, pool: Option<u32>, names: Option<&[String]>) -> Vec<PageRun> {
+        let page = self.device.granularity();
+        let mut runs = Vec::new();
+        if page == 0 {
+            return runs;
+        }
+        for &s in self.paged.keys() {
+            let seg = self.segments.get(s);
+            if pool.is_some_and(|p| p != seg.pool) || !self.pool_selected(seg.pool, names) {
+                continue;
+            }
+            let mut blk = seg.first;
+            while blk != NIL {
+                let b = self.blocks.get(blk);
+                if b.is_free() {
+                    let first = b.offset.div_ceil(page);
+                    let end = (b.offset + b.size) / page;
+                    if end > first {
+                        runs.push(PageRun { block: blk, va: seg.base + first * page, count: end - first });
+                    }
+                }
+                blk = b.next;
+            }
+        }
+        runs.sort_by_key(|r| (std::cmp::Reverse(r.count), r.va));
+        runs
+    }
+
+    /// Takes the `run.count` pages at `run.va` out of the free block
+    /// `run.block` of a paged segment: unmaps them and cuts the segment around
+    /// them. Returns the (unmapped) physical pages; the reserved gauges drop
+    /// by their bytes.
+    fn carve(&mut self, run: PageRun) -> Result<Vec<PhysHandle>, AllocError> {
+        let page = self.device.granularity();
+        let blk = run.block;
+        let b0 = *self.blocks.get(blk);
+        let s = b0.segment;
+        let seg = *self.segments.get(s);
+        let first_page = (run.va - seg.base) / page;
+        let run = PageRunIdx { first: first_page, count: run.count };
+        let pool = seg.pool as usize;
+        let ps = self.paged.remove(&s).expect("carve is called on paged segments");
+        let (lo, hi) = (run.first * page, (run.first + run.count) * page);
+        debug_assert!(b0.is_free() && b0.offset <= lo && hi <= b0.offset + b0.size);
+        self.pools[pool].free.remove(&(seg.stream, b0.size, seg.base + b0.offset, blk));
+        for i in run.first..run.first + run.count {
+            self.device.unmap(seg.base + i * page)?;
+        }
+        let taken = ps.pages[run.first as usize..(run.first + run.count) as usize].to_vec();
+        self.segments.remove(s);
+        let mut segments_now = 0u32;
+        // The part before the pages: the blocks up to `blk`, and `blk` itself
+        // cut down to its bytes before `lo`.
+        let left_remnant = lo > b0.offset;
+        if lo > 0 {
+            let first = if b0.offset == 0 { blk } else { seg.first };
+            let last = if left_remnant { blk } else { b0.prev };
+            let ls = self.segments.insert(Segment { base: seg.base, size: lo, first, ..seg });
+            let mut cur = first;
+            loop {
+                self.blocks.get_mut(cur).segment = ls;
+                if cur == last {
+                    break;
+                }
+                cur = self.blocks.get(cur).next;
+            }
+            if left_remnant {
+                let bm = self.blocks.get_mut(blk);
+                bm.size = lo - b0.offset;
+                bm.next = NIL;
+                self.pools[pool].free.insert((seg.stream, lo - b0.offset, seg.base + b0.offset, blk));
+            } else {
+                self.blocks.get_mut(b0.prev).next = NIL;
+            }
+            self.paged.insert(ls, PagedSeg { pages: ps.pages[..run.first as usize].to_vec(), resv: ps.resv });
+            segments_now += 1;
+        }
+        // The part after the pages: a remnant of `blk` after `hi`, then the
+        // blocks after `blk`, with offsets now relative to `hi`.
+        let end = b0.offset + b0.size;
+        if hi < seg.size {
+            let base = seg.base + hi;
+            let first = if end > hi {
+                let r = self.blocks.insert(Block {
+                    segment: NIL,
+                    offset: 0,
+                    size: end - hi,
+                    prev: NIL,
+                    next: b0.next,
+                    tensor: NIL,
+                });
+                if b0.next != NIL {
+                    self.blocks.get_mut(b0.next).prev = r;
+                }
+                self.pools[pool].free.insert((seg.stream, end - hi, base, r));
+                r
+            } else {
+                self.blocks.get_mut(b0.next).prev = NIL;
+                b0.next
+            };
+            let rs = self.segments.insert(Segment { base, size: seg.size - hi, first, ..seg });
+            let mut cur = first;
+            while cur != NIL {
+                let bm = self.blocks.get_mut(cur);
+                bm.segment = rs;
+                if cur != first || end <= hi {
+                    bm.offset -= hi;
+                }
+                cur = bm.next;
+            }
+            let rest = ps.pages[(run.first + run.count) as usize..].to_vec();
+            self.paged.insert(rs, PagedSeg { pages: rest, resv: ps.resv });
+            segments_now += 1;
+        }
+        if !left_remnant {
+            self.blocks.remove(blk);
+        }
+        // One segment became `segments_now`.
+        let r = self.reservations.get_mut(&ps.resv).expect("a paged segment's reservation is known");
+        r.refs = r.refs - 1 + segments_now;
+        if r.refs == 0 {
+            self.reservations.remove(&ps.resv);
+            self.device.release_virtual(ps.resv)?;
+        }
+        let bytes = run.count * page;
+        self.stats.bytes.cut(bytes, segments_now as u64);
+        self.pools[pool].gauges.cut(bytes, segments_now as u64);
+        Ok(taken)
+    }
+
+    /// Builds a segment of `segment_bytes` for `pool` on `stream` from free
+    /// whole pages of the pool's paged segments plus fresh pages for the
+    /// rest. Returns its single block (not in the free index), or `None` when
+    /// the pool has no free whole page or stitching is not possible now. A
+    /// device error creating the fresh pages (out of memory) changes nothing.
+    pub(super) fn stitch(
+        &mut self,
+        pool: u32,
+        stream: StreamId,
+        segment_bytes: u64,
+    ) -> Result<Option<(u32, u64)>, AllocError> {
+        let page = self.device.granularity();
+        if page == 0 || self.paged.is_empty() {
+            return Ok(None);
+        }
+        let need = segment_bytes.div_ceil(page);
+        let mut plan = Vec::new();
+        let mut have = 0u64;
+        for mut run in self.free_page_runs(None, None) {
+            if have >= need {
+                break;
+            }
+            run.count = run.count.min(need - have);
+            have += run.count;
+            plan.push(run);
+        }
+        if have == 0 {
+            return Ok(None);
+        }
+        let fresh = match self.create_pages(need - have, page) {
+            Ok(f) => f,
+            Err(DeviceError::OutOfMemory { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        // Carving moves blocks between segments: plan runs by block, and a
+        // later run never names a block an earlier carve removed (one run per
+        // free block).
+        let mut pages = Vec::with_capacity(need as usize);
+        for run in plan {
+            pages.extend(self.carve(run)?);
+        }
+        pages.extend(fresh);
+        let va = self.map_pages(&pages, page)?;
+        self.reservations.insert(va, Reservation { refs: 1 });
+        let size = need * page;
+        let seg = self.segments.insert(Segment { base: va, size, pool, stream, first: NIL, born: self.clock });
+        let block = self.blocks.insert(Block { segment: seg, offset: 0, size, prev: NIL, next: NIL, tensor: NIL });
+        self.segments.get_mut(seg).first = block;
+        self.paged.insert(seg, PagedSeg { pages, resv: va });
+        self.stats.bytes.add_reserved(size);
+        self.pools[pool as usize].gauges.add_reserved(size);
+        self.stats.device_alloc_calls += need - have;
+        self.stats.stitches += 1;
+        self.stats.stitched_bytes += have * page;
+        self.stats.paged_segments += 1;
+        self.record(ActionKind::SegmentAlloc, va, size, stream, None);
+        Ok(Some((block, size)))
+    }
+
+    /// Releases free whole pages inside paged segments of the selected pools
+    /// (largest runs first) until `target` bytes are released. Returns the
+    /// bytes released.
+    pub(super) fn trim_pages(&mut self, target: u64, names: Option<&[String]>) -> Result<u64, AllocError> {
+        let page = self.device.granularity();
+        let mut released = 0u64;
+        while released < target {
+            // Carving changes block indices and segments: recompute the runs.
+            let Some(mut run) = self.free_page_runs(None, names).into_iter().next() else { break };
+            run.count = run.count.min((target - released).div_ceil(page));
+            let stream = self.segments.get(self.blocks.get(run.block).segment).stream;
+            let addr = run.va;
+            for h in self.carve(run)? {
+                self.device.release_physical(h)?;
+                self.stats.device_free_calls += 1;
+            }
+            released += run.count * page;
+            self.stats.trimmed_bytes += run.count * page;
+            self.record(ActionKind::SegmentFree, addr, run.count * page, stream, None);
+        }
+        Ok(released)
+    }
+}
