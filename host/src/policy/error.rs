@@ -32,15 +32,28 @@ pub enum LoadError {
     /// The component exports or imports a `wasmem:policy` interface of another version.
     #[error(
         "policy `{policy}`: uses `{interface}`, but this engine speaks wasmem:policy@{expected} \
-         (rebuild the policy against the WIT package of this engine)"
+         (rebuild the policy against one of these versions of the WIT package)"
     )]
     WrongVersion {
         /// The policy.
         policy: String,
         /// The interface found.
         interface: String,
-        /// The version this engine speaks.
+        /// The versions this engine speaks.
         expected: String,
+    },
+    /// The component uses `wasmem:policy` interfaces of two versions.
+    #[error(
+        "policy `{policy}`: mixes versions of the WIT package: `{first}` and `{second}` \
+         (build every interface against one version)"
+    )]
+    MixedVersions {
+        /// The policy.
+        policy: String,
+        /// The first interface found.
+        first: String,
+        /// An interface of another version.
+        second: String,
     },
     /// The component exports no decision role.
     #[error(
