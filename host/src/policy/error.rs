@@ -105,7 +105,8 @@ pub enum LoadError {
     },
     /// A policy spec names nothing that exists.
     #[error(
-        "unknown policy `{spec}`: not a built-in ({builtins}), and no file at {}",
+        "unknown policy `{spec}`: not a built-in ({builtins}), and no file at {} \
+         (the shipped policies are {shipped}; build them with policies/build.sh)",
         tried.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
     )]
     UnknownSpec {
@@ -113,6 +114,8 @@ pub enum LoadError {
         spec: String,
         /// The built-in names.
         builtins: String,
+        /// The shipped policy names.
+        shipped: String,
         /// The paths looked at.
         tried: Vec<PathBuf>,
     },
