@@ -15,7 +15,11 @@
 //! - **compaction** at phase markers: when the fragmentation
 //!   `cached / reserved` is at least `frag` (and at least `compact_min` bytes
 //!   are reserved), compact pool `compact_pool` moving at most
-//!   `compact_fraction × allocated` bytes, once per training step.
+//!   `compact_fraction × allocated` bytes, once per training step; and, when
+//!   `grow_compact_every` is set, on `grow` under the same conditions at most
+//!   once per that many allocator operations (for workloads without phase
+//!   markers, such as PyTorch snapshots). The engine releases the segments a
+//!   compaction empties.
 //!
 //! The context gives totals, not per-pool figures, so the compaction budget
 //! is a fraction of all allocated bytes. The engine refuses a budget above
@@ -36,9 +40,11 @@
 //! | `compact_pool` | the pool to compact | `large` |
 //! | `compact_fraction` | budget per step, fraction of allocated bytes in `[0, 1]` (0: never compact) | `0.05` |
 //! | `compact_min` | do not compact below this many reserved bytes | `64MiB` |
+//! | `grow_compact_every` | also compact on `grow`, at most once per this many allocator operations (0: never) | `0` |
 //!
-//! State: the step of the last compaction (8 bytes), carried across swaps
-//! so that a successor does not compact twice in one step.
+//! State: the step of the last compaction at a phase marker and the clock of
+//! the last one on growth (16 bytes), carried across swaps so that a
+//! successor does not compact again too soon.
 
 #![cfg_attr(all(target_arch = "wasm32", not(test)), no_std)]
 
@@ -57,8 +63,11 @@ pub struct DefragReclaim {
     compact_pool: String,
     compact_fraction: f64,
     compact_min: u64,
-    /// The step of the last compaction.
+    grow_compact_every: u64,
+    /// The step of the last compaction at a phase marker.
     last_compaction: Option<u64>,
+    /// The clock of the last compaction on growth.
+    last_grow_compaction: Option<u64>,
 }
 
 impl Default for DefragReclaim {
@@ -72,7 +81,9 @@ impl Default for DefragReclaim {
             compact_pool: "large".to_string(),
             compact_fraction: 0.05,
             compact_min: 64 * MIB,
+            grow_compact_every: 0,
             last_compaction: None,
+            last_grow_compaction: None,
         }
     }
 }
@@ -106,13 +117,10 @@ impl DefragReclaim {
         ReclaimPlan { release_bytes: 0, pools: None, compact: None, stitch: false, trim: false }
     }
 
-    /// The compaction for a phase marker of `step`, if the pool is
-    /// fragmented enough and none ran in this step yet.
-    fn compaction(&mut self, ctx: &PolicyContext, step: u64) -> Option<Compaction> {
+    /// The compaction `ctx` calls for (fragmented enough, enough reserved,
+    /// a budget above zero), ignoring how recently the last one ran.
+    fn wanted_compaction(&self, ctx: &PolicyContext) -> Option<Compaction> {
         if self.compact_fraction == 0.0 || ctx.reserved_bytes < self.compact_min || ctx.reserved_bytes == 0 {
-            return None;
-        }
-        if self.last_compaction == Some(step) {
             return None;
         }
         let cached = ctx.reserved_bytes.saturating_sub(ctx.allocated_bytes);
@@ -121,11 +129,31 @@ impl DefragReclaim {
         }
         // Never above the allocated bytes (fraction ≤ 1; the cast saturates).
         let budget = ((ctx.allocated_bytes as f64 * self.compact_fraction) as u64).min(ctx.allocated_bytes);
-        if budget == 0 {
+        (budget > 0).then(|| Compaction { pool: self.compact_pool.clone(), max_bytes: budget })
+    }
+
+    /// The compaction for a phase marker of `step`: none if one ran in this step.
+    fn compaction(&mut self, ctx: &PolicyContext, step: u64) -> Option<Compaction> {
+        if self.last_compaction == Some(step) {
             return None;
         }
+        let c = self.wanted_compaction(ctx)?;
         self.last_compaction = Some(step);
-        Some(Compaction { pool: self.compact_pool.clone(), max_bytes: budget })
+        Some(c)
+    }
+
+    /// The compaction before a segment is obtained: none if switched off or
+    /// if one ran fewer than `grow_compact_every` operations ago.
+    fn grow_compaction(&mut self, ctx: &PolicyContext) -> Option<Compaction> {
+        if self.grow_compact_every == 0 {
+            return None;
+        }
+        if self.last_grow_compaction.is_some_and(|t| ctx.clock.saturating_sub(t) < self.grow_compact_every) {
+            return None;
+        }
+        let c = self.wanted_compaction(ctx)?;
+        self.last_grow_compaction = Some(ctx.clock);
+        Some(c)
     }
 }
 
@@ -150,25 +178,35 @@ impl Policy for DefragReclaim {
         }
         self.compact_fraction = fraction(config, "compact_fraction", self.compact_fraction)?;
         self.compact_min = config.bytes_or("compact_min", self.compact_min)?;
+        self.grow_compact_every = config.get_or("grow_compact_every", self.grow_compact_every)?;
         Ok(())
     }
 
     fn save_state(&self) -> Vec<u8> {
-        self.last_compaction.unwrap_or(u64::MAX).to_le_bytes().to_vec()
+        let mut state = self.last_compaction.unwrap_or(u64::MAX).to_le_bytes().to_vec();
+        state.extend_from_slice(&self.last_grow_compaction.unwrap_or(u64::MAX).to_le_bytes());
+        state
     }
 
     fn load_state(&mut self, state: &[u8]) -> Result<(), String> {
-        match state.len() {
-            0 => Ok(()),
-            8 => {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(state);
-                let step = u64::from_le_bytes(b);
-                self.last_compaction = (step != u64::MAX).then_some(step);
-                Ok(())
-            }
-            n => Err(format!("defrag-reclaim state is 8 bytes (the step of the last compaction), got {n}")),
+        if state.is_empty() {
+            return Ok(());
         }
+        if state.len() != 16 {
+            return Err(format!(
+                "defrag-reclaim state is 16 bytes (the step and the clock of the last compactions), got {}",
+                state.len()
+            ));
+        }
+        let word = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&state[i * 8..i * 8 + 8]);
+            let v = u64::from_le_bytes(b);
+            (v != u64::MAX).then_some(v)
+        };
+        self.last_compaction = word(0);
+        self.last_grow_compaction = word(1);
+        Ok(())
     }
 }
 
@@ -178,7 +216,9 @@ impl Reclamation for DefragReclaim {
             ReclaimTrigger::AllocFailed(_) => {
                 ReclaimPlan { release_bytes: u64::MAX, pools: None, compact: None, stitch: self.stitch, trim: true }
             }
-            ReclaimTrigger::Grow(_) => ReclaimPlan { stitch: self.stitch, ..Self::nothing() },
+            ReclaimTrigger::Grow(_) => {
+                ReclaimPlan { stitch: self.stitch, compact: self.grow_compaction(ctx), ..Self::nothing() }
+            }
             ReclaimTrigger::Phase(marker) => {
                 if self.phase.is_some_and(|p| p != marker.phase) {
                     return Self::nothing();
@@ -310,7 +350,27 @@ mod tests {
         fresh.load_state(&DefragReclaim::default().save_state()).unwrap();
         assert_eq!(fresh.last_compaction, None);
         assert!(fresh.load_state(&[]).is_ok());
-        assert!(fresh.load_state(&[1, 2, 3]).unwrap_err().contains("8 bytes"));
+        assert!(fresh.load_state(&[1, 2, 3]).unwrap_err().contains("16 bytes"));
+    }
+
+    #[test]
+    fn compacts_on_growth_when_asked_at_most_once_per_interval() {
+        let grow = ReclaimTrigger::Grow(segment());
+        let at_clock = |clock, allocated| PolicyContext { clock, ..ctx(GIB, allocated) };
+        let mut p = DefragReclaim::default();
+        assert!(p.plan(&grow, &at_clock(0, 600 * MIB)).compact.is_none(), "off by default");
+        let mut p = configured("grow_compact_every=100");
+        let d = p.plan(&grow, &at_clock(1000, 600 * MIB));
+        assert_eq!(d.compact, Some(Compaction { pool: "large".to_string(), max_bytes: 30 * MIB }));
+        assert!(d.stitch && d.release_bytes == 0);
+        assert!(p.plan(&grow, &at_clock(1099, 600 * MIB)).compact.is_none(), "too soon");
+        assert!(p.plan(&grow, &at_clock(1100, 920 * MIB)).compact.is_none(), "not fragmented");
+        assert!(p.plan(&grow, &at_clock(1100, 600 * MIB)).compact.is_some());
+        // Phase compactions are counted apart.
+        assert!(p.plan(&at(Phase::Forward, 1), &at_clock(1101, 600 * MIB)).compact.is_some());
+        let mut q = DefragReclaim::default();
+        q.load_state(&p.save_state()).unwrap();
+        assert_eq!((q.last_compaction, q.last_grow_compaction), (Some(1), Some(1100)));
     }
 
     #[test]
