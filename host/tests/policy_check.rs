@@ -80,6 +80,8 @@ fn hostile_modes_fail_with_reasons() {
         ("mode=bad-pool", "placement: valid decisions within limits", "pool 7 does not exist"),
         ("mode=bad-victims", "eviction: valid victims within limits", "not offered"),
         ("mode=bad-reclaim", "reclamation: valid decisions within limits", "no-such-pool"),
+        ("mode=bad-compact", "reclamation: valid decisions within limits", "compacts unknown pool `no-such-pool`"),
+        ("mode=huge-compact", "reclamation: valid decisions within limits", "exceeds the"),
         ("mode=fickle", "placement: cacheable decisions agree per memo key", "earlier"),
         ("mode=bad-state", "state: save-state → load-state", "refuses a state"),
         ("mode=trap-nth n=100", "placement: valid decisions within limits", "traps on call 100"),

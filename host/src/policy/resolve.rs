@@ -87,6 +87,11 @@ fn offer<P: ?Sized>(slot: &mut Option<Choice<P>>, roles: usize, make: impl FnOnc
     }
 }
 
+/// The choice of a WebAssembly part that provides `roles` roles.
+fn wasm_choice<P: ?Sized>(policy: Box<P>, roles: usize, wasm: &WasmPolicy) -> Choice<P> {
+    Choice { roles, policy, label: wasm.name().to_string(), wasm: Some(wasm.clone()) }
+}
+
 /// Resolves `spec` with `runtime`, keeping the WebAssembly handles.
 pub fn resolve_with(runtime: &Runtime, spec: &str) -> Result<Resolved, LoadError> {
     let mut placement: Option<Choice<dyn PlacementPolicy>> = None;
@@ -123,26 +128,10 @@ pub fn resolve_with(runtime: &Runtime, spec: &str) -> Result<Resolved, LoadError
             }
         };
         let policy = runtime.load(&path)?.instantiate(config)?;
-        let label = policy.name().to_string();
         let n = policy.roles().len();
-        let choice = |b| Choice { roles: n, policy: b, label: label.clone(), wasm: Some(policy.clone()) };
-        offer(&mut placement, n, || policy.placement().map(|p| choice(Box::new(p) as Box<dyn PlacementPolicy>)));
-        offer(&mut reclamation, n, || {
-            policy.reclamation().map(|p| Choice {
-                roles: n,
-                policy: Box::new(p) as Box<dyn ReclamationPolicy>,
-                label: label.clone(),
-                wasm: Some(policy.clone()),
-            })
-        });
-        offer(&mut eviction, n, || {
-            policy.eviction().map(|p| Choice {
-                roles: n,
-                policy: Box::new(p) as Box<dyn EvictionPolicy>,
-                label: label.clone(),
-                wasm: Some(policy.clone()),
-            })
-        });
+        offer(&mut placement, n, || policy.placement().map(|p| wasm_choice(Box::new(p) as Box<_>, n, &policy)));
+        offer(&mut reclamation, n, || policy.reclamation().map(|p| wasm_choice(Box::new(p) as Box<_>, n, &policy)));
+        offer(&mut eviction, n, || policy.eviction().map(|p| wasm_choice(Box::new(p) as Box<_>, n, &policy)));
     }
     let sources = [
         placement.as_ref().map(|c| c.label.clone()),
