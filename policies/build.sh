@@ -19,18 +19,20 @@ case "${1:-}" in
 esac
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-wit="$here/../wit"
 out="$here/out"
 mkdir -p "$out"
 
 COMPONENTIZE_PY_VERSION=0.25.1
 
-# name:python-module:world
-PYTHON_POLICIES=("size-class:size_class:placement-policy")
-# name:source:world
-JS_POLICIES=("dtr-evict:dtr-evict.js:eviction-policy")
+# The Python and JavaScript policies stay on WIT 0.1.0 (the frozen copy in
+# wit/compat/v0.1.0): they use no 0.2.0 item, and the engine loads both
+# versions, so policies/out keeps components of both versions.
+# name:python-module:world:WIT folder (relative to the repository root)
+PYTHON_POLICIES=("size-class:size_class:placement-policy:wit/compat/v0.1.0")
+# name:source:world:WIT folder (relative to the repository root)
+JS_POLICIES=("dtr-evict:dtr-evict.js:eviction-policy:wit/compat/v0.1.0")
 # Rust crates (members of ./Cargo.toml) whose cdylib is a policy.
-RUST_POLICIES=(pytorch-like lru-evict watermark-reclaim lifecycle)
+RUST_POLICIES=(pytorch-like lru-evict watermark-reclaim lifecycle defrag-reclaim)
 
 step() { printf '==> %s\n' "$*"; }
 need() { command -v "$1" >/dev/null || { echo "build.sh: \`$1\` is required: $2" >&2; exit 1; }; }
@@ -78,15 +80,16 @@ if [[ ! -x "$cpy" ]] || [[ "$("$cpy" --version 2>/dev/null)" != "componentize-py
   "$venv/bin/pip" install --quiet --disable-pip-version-check "componentize-py==$COMPONENTIZE_PY_VERSION"
 fi
 for entry in "${PYTHON_POLICIES[@]}"; do
-  IFS=: read -r name module world <<<"$entry"
+  IFS=: read -r name module world witdir <<<"$entry"
   target="$out/$name.wasm"
-  if up_to_date "$target" "$here/python" "$wit" "$cpy"; then
+  witpath="$here/../$witdir"
+  if up_to_date "$target" "$here/python" "$witpath" "$cpy"; then
     echo "    out/$name.wasm is up to date"
     continue
   fi
   t0=$(date +%s)
   step "Python policy $name: componentize-py -w $world componentize $module"
-  (cd "$here/python" && "$cpy" -d "$wit" -w "$world" componentize -p . "$module" -o "$target.tmp")
+  (cd "$here/python" && "$cpy" -d "$witpath" -w "$world" componentize -p . "$module" -o "$target.tmp")
   mv "$target.tmp" "$target"
   echo "    out/$name.wasm ($(stat -c %s "$target") bytes, $(elapsed "$t0"))"
 done
@@ -100,15 +103,16 @@ if ! up_to_date "$js/node_modules/.package-lock.json" "$js/package-lock.json"; t
   (cd "$js" && npm ci --no-audit --no-fund)
 fi
 for entry in "${JS_POLICIES[@]}"; do
-  IFS=: read -r name source world <<<"$entry"
+  IFS=: read -r name source world witdir <<<"$entry"
   target="$out/$name.wasm"
-  if up_to_date "$target" "$js" "$wit"; then
+  witpath="$here/../$witdir"
+  if up_to_date "$target" "$js" "$witpath"; then
     echo "    out/$name.wasm is up to date"
     continue
   fi
   t0=$(date +%s)
   step "JavaScript policy $name: componentize-js, world $world"
-  (cd "$js" && node build.mjs "$source" "$world" "$target.tmp")
+  (cd "$js" && node build.mjs "$source" "$world" "$target.tmp" "$witpath")
   mv "$target.tmp" "$target"
   echo "    out/$name.wasm ($(stat -c %s "$target") bytes, $(elapsed "$t0"))"
 done

@@ -179,6 +179,27 @@ fn unknown_reclaim_pool_is_refused() {
 }
 
 #[test]
+fn invalid_compactions_are_refused_and_nothing_moves() {
+    let rt = common::relaxed_runtime();
+    for (mode, reason) in [
+        ("mode=bad-compact", "compaction of pool `no-such-pool`, which does not exist"),
+        ("mode=huge-compact", "compaction budget 18446744073709551615 exceeds pool `large`'s"),
+    ] {
+        let (_p, mut a) = need!(hostile_as(&rt, mode, Role::Reclamation));
+        let ids = alloc_distinct(&mut a, 4);
+        let before = a.policies().health(Role::Reclamation).clone();
+        for (step, phase) in Phase::ALL.into_iter().enumerate() {
+            a.phase(phase, step as u64).unwrap();
+        }
+        let h = a.policies().health(Role::Reclamation);
+        assert_eq!((h.calls - before.calls, h.traps, h.fallbacks - before.fallbacks), (4, 0, 4), "{mode}: {h:?}");
+        assert!(h.last_error.as_deref().unwrap().contains(reason), "{mode}: {h:?}");
+        assert_eq!(a.stats().moved_bytes, 0, "{mode}");
+        none_lost(&a, &ids);
+    }
+}
+
+#[test]
 fn a_well_behaved_mode_counts_nothing() {
     let rt = common::relaxed_runtime();
     let (p, mut a) = need!(hostile(&rt, "mode=ok"));

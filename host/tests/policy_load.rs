@@ -4,7 +4,7 @@
 mod common;
 
 use wasmem::decision::Role;
-use wasmem::policy::{resolve_with, CacheDir, Limits, LoadError, LoadSource, Runtime, RuntimeConfig};
+use wasmem::policy::{resolve_with, CacheDir, Limits, LoadError, LoadSource, Runtime, RuntimeConfig, WitVersion};
 
 #[test]
 fn shipped_policies_export_their_roles() {
@@ -14,10 +14,12 @@ fn shipped_policies_export_their_roles() {
         ("lru-evict", vec![Role::Eviction]),
         ("watermark-reclaim", vec![Role::Reclamation]),
         ("lifecycle", vec![Role::Placement, Role::Reclamation]),
+        ("defrag-reclaim", vec![Role::Reclamation]),
     ] {
         let path = need!(common::rust_policy(name));
         let loaded = rt.load(&path).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(loaded.roles(), roles.as_slice(), "{name}");
+        assert_eq!(loaded.wit_version(), WitVersion::V0_2, "{name} is built against wit/");
         assert!(!loaded.imports_wasi(), "{name} should import no WASI");
         let p = loaded.instantiate("").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(p.name(), name);
@@ -68,7 +70,7 @@ fn wrong_wit_version_is_refused_with_policy_and_cause() {
     assert!(matches!(err, LoadError::WrongVersion { .. }), "{err:?}");
     let msg = err.to_string();
     assert!(
-        msg.contains("`future`") && msg.contains("wasmem:policy/placement@9.0.0") && msg.contains("0.1.0"),
+        msg.contains("`future`") && msg.contains("wasmem:policy/placement@9.0.0") && msg.contains("0.1.0 or 0.2.0"),
         "{msg}"
     );
 }
@@ -134,6 +136,24 @@ fn specs_resolve_builtins_shipped_names_paths_and_combinations() {
     assert_eq!(r.policies.placement.name(), "pytorch");
     assert_eq!(r.sources[0], None);
 
+    // The more specific part wins a role: `defrag-reclaim` exports only
+    // reclamation, so it reclaims whichever side of `+` it is on.
+    for spec in ["pytorch-like+defrag-reclaim", "defrag-reclaim+pytorch-like"] {
+        let r = resolve_with(&rt, spec).unwrap();
+        assert_eq!(r.policies.placement.name(), "pytorch-like", "{spec}");
+        assert_eq!(r.policies.reclamation.name(), "defrag-reclaim", "{spec}");
+        assert!(r.policies.reclamation.paged_segments(), "{spec}");
+        assert_eq!(r.policies.eviction.name(), "lru", "{spec}");
+        assert_eq!(r.sources, [Some("pytorch-like".into()), Some("defrag-reclaim".into()), None], "{spec}");
+        assert!(r.wasm[0].is_some() && r.wasm[1].is_some() && r.wasm[2].is_none(), "{spec}");
+    }
+    // A built-in provides all three roles: a WebAssembly part with fewer wins its roles.
+    let r = resolve_with(&rt, "pytorch+watermark-reclaim").unwrap();
+    assert_eq!((r.policies.placement.name(), r.policies.reclamation.name()), ("pytorch", "watermark-reclaim"));
+    // Two parts with the same roles: the first.
+    let r = resolve_with(&rt, &format!("pytorch-like+{}", need!(common::rust_policy("lifecycle")).display())).unwrap();
+    assert_eq!(r.policies.reclamation.name(), "pytorch-like");
+
     // Configuration after `?`.
     let hostile = need!(common::hostile());
     let r = resolve_with(&rt, &format!("{}?mode=bad-pool", hostile.display())).unwrap();
@@ -142,7 +162,10 @@ fn specs_resolve_builtins_shipped_names_paths_and_combinations() {
     let err = resolve_with(&rt, "no-such-policy").unwrap_err();
     let msg = err.to_string();
     assert!(
-        msg.contains("no-such-policy") && msg.contains("pytorch") && msg.contains("out/no-such-policy.wasm"),
+        msg.contains("no-such-policy")
+            && msg.contains("pytorch")
+            && msg.contains("out/no-such-policy.wasm")
+            && msg.contains("defrag-reclaim"),
         "{msg}"
     );
 }

@@ -15,10 +15,11 @@ use wasmem::trace::{Event, TraceReader};
 
 /// Shipped policies and a spec that uses them (eviction-only and
 /// reclamation-only ones are combined with built-in placement).
-const SHIPPED: [(&str, &str); 6] = [
+const SHIPPED: [(&str, &str); 7] = [
     ("pytorch-like", "pytorch-like"),
     ("lifecycle", "policies/out/lifecycle.wasm"),
     ("watermark-reclaim", "watermark-reclaim+lifecycle"),
+    ("defrag-reclaim", "pytorch-like+defrag-reclaim"),
     ("lru-evict", "lru-evict+pytorch"),
     ("size-class", "size-class"),
     ("dtr-evict", "dtr-evict+lifecycle"),

@@ -1,8 +1,10 @@
 // Builds one JavaScript policy into a component with componentize-js's API
 // (the `jco componentize` command cannot take a --wit folder path).
 //
-//   node build.mjs SOURCE.js WORLD OUT.wasm
+//   node build.mjs SOURCE.js WORLD OUT.wasm [WIT-FOLDER]
 //
+// WIT-FOLDER defaults to the repository's wit/ (the newest WIT version);
+// build.sh passes wit/compat/v0.1.0 for policies that stay on 0.1.0.
 // WASI features are disabled, so the component imports only what its world
 // imports from wasmem:policy (no WASI at all).
 import { writeFile } from 'node:fs/promises';
@@ -10,15 +12,15 @@ import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { componentize } from '@bytecodealliance/componentize-js';
 
-const [source, worldName, out] = process.argv.slice(2);
+const [source, worldName, out, witFolder] = process.argv.slice(2);
 if (!source || !worldName || !out) {
-  console.error('usage: node build.mjs SOURCE.js WORLD OUT.wasm');
+  console.error('usage: node build.mjs SOURCE.js WORLD OUT.wasm [WIT-FOLDER]');
   process.exit(2);
 }
 const here = dirname(fileURLToPath(import.meta.url));
 const { component } = await componentize({
   sourcePath: resolve(source),
-  witPath: resolve(here, '../../wit'),
+  witPath: witFolder ? resolve(witFolder) : resolve(here, '../../wit'),
   worldName,
   disableFeatures: ['random', 'stdio', 'clocks', 'http', 'fetch-event'],
 });

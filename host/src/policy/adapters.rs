@@ -1,17 +1,14 @@
 //! The decision traits implemented over a policy instance: [`WasmPlacement`],
 //! [`WasmReclamation`], [`WasmEviction`].
 //!
-//! Each converts the engine's values to their WIT mirrors, calls the export
-//! under the sandbox limits, and converts the answer back. Nothing is
+//! Each calls the export under the sandbox limits through the instance's
+//! version-independent [`Guests`](super::guests) (which convert the engine's
+//! values to the WIT mirrors of the component's version and back). Nothing is
 //! validated here: the engine validates every decision and falls back to its
 //! default on an invalid one or on an error. Eviction candidates cross the
 //! boundary with ids `slot << 32 | generation`; whatever ids come back are
 //! mapped to handles and checked by the engine against the offered list.
 
-use super::bindings::{
-    candidate_to_wit, context_to_wit, decision_from_wit, reclaim_from_wit, request_to_wit, tensor_from_wit,
-    trigger_to_wit,
-};
 use super::instance::{CallKind, WasmPolicy};
 use crate::decision::{
     AllocRequest, EvictionCandidate, EvictionPolicy, PlacementDecision, PlacementPolicy, PolicyContext, PolicyError,
@@ -57,12 +54,8 @@ impl PlacementPolicy for WasmPlacement {
     }
 
     fn place(&mut self, req: &AllocRequest, ctx: &PolicyContext) -> Result<PlacementDecision, PolicyError> {
-        let (r, c) = (request_to_wit(req), context_to_wit(ctx));
-        let d = self.policy.lock().call(CallKind::Decision, ctx, |g, s| match &g.placement {
-            Some(p) => p.call_place(s, r, c).map(Some),
-            None => Ok(None),
-        })?;
-        d.map(|d| decision_from_wit(&d)).ok_or_else(|| missing(&self.policy, Role::Placement))
+        let d = self.policy.lock().call(CallKind::Decision, ctx, |g, s| g.place(s, req, ctx))?;
+        d.ok_or_else(|| missing(&self.policy, Role::Placement))
     }
 
     fn memoizable(&self) -> bool {
@@ -71,6 +64,11 @@ impl PlacementPolicy for WasmPlacement {
 }
 
 /// The reclamation role of a WebAssembly policy.
+///
+/// A 0.2.0 component is asked `plan`, whose compaction, stitching and
+/// trimming reach the engine, and `paged-segments` (once, after `init`); a
+/// 0.1.0 component is asked `reclaim`, and its decisions never use those
+/// mechanisms.
 #[derive(Debug, Clone)]
 pub struct WasmReclamation {
     policy: WasmPolicy,
@@ -93,12 +91,12 @@ impl ReclamationPolicy for WasmReclamation {
     }
 
     fn reclaim(&mut self, trigger: &ReclaimTrigger, ctx: &PolicyContext) -> Result<ReclaimDecision, PolicyError> {
-        let (t, c) = (trigger_to_wit(trigger), context_to_wit(ctx));
-        let d = self.policy.lock().call(CallKind::Decision, ctx, |g, s| match &g.reclamation {
-            Some(p) => p.call_reclaim(s, t, c).map(Some),
-            None => Ok(None),
-        })?;
-        d.map(reclaim_from_wit).ok_or_else(|| missing(&self.policy, Role::Reclamation))
+        let d = self.policy.lock().call(CallKind::Decision, ctx, |g, s| g.reclaim(s, trigger, ctx))?;
+        d.ok_or_else(|| missing(&self.policy, Role::Reclamation))
+    }
+
+    fn paged_segments(&self) -> bool {
+        self.policy.paged_segments()
     }
 }
 
@@ -130,13 +128,10 @@ impl EvictionPolicy for WasmEviction {
         candidates: &[EvictionCandidate],
         ctx: &PolicyContext,
     ) -> Result<Vec<TensorId>, PolicyError> {
-        let cands: Vec<_> = candidates.iter().map(candidate_to_wit).collect();
-        let c = context_to_wit(ctx);
-        let ids = self.policy.lock().call(CallKind::Decision, ctx, |g, s| match &g.eviction {
-            Some(p) => p.call_choose_victims(s, need_bytes, &cands, c).map(Some),
-            None => Ok(None),
-        })?;
-        ids.map(|ids| ids.into_iter().map(tensor_from_wit).collect())
-            .ok_or_else(|| missing(&self.policy, Role::Eviction))
+        let ids = self
+            .policy
+            .lock()
+            .call(CallKind::Decision, ctx, |g, s| g.choose_victims(s, need_bytes, candidates, ctx))?;
+        ids.ok_or_else(|| missing(&self.policy, Role::Eviction))
     }
 }

@@ -12,7 +12,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use super::{Limits, Loaded, Runtime, RuntimeConfig, WasmPolicy};
+use super::{Limits, Loaded, Runtime, RuntimeConfig, WasmPolicy, WitVersion};
 use crate::decision::{
     validate_victims, AllocRequest, EvictionCandidate, EvictionPolicy, PlacementDecision, PlacementPolicy,
     PolicyContext, PolicyError, ReclaimDecision, ReclaimTrigger, ReclamationPolicy, Role,
@@ -67,6 +67,9 @@ pub struct Verdict {
     pub policy: String,
     /// Roles exported.
     pub roles: Vec<Role>,
+    /// The version of the WIT package the component was built against
+    /// (`None` if it did not load).
+    pub wit_version: Option<WitVersion>,
     /// The checks, in order.
     pub items: Vec<CheckItem>,
 }
@@ -93,7 +96,10 @@ impl fmt::Display for Verdict {
             if self.passed() { "PASS" } else { "FAIL" }
         )?;
         if !roles.is_empty() {
-            writeln!(f, "  roles: {} (wasmem:policy@{})", roles.join(", "), super::WIT_VERSION)?;
+            match self.wit_version {
+                Some(v) => writeln!(f, "  roles: {} (wasmem:policy@{v})", roles.join(", "))?,
+                None => writeln!(f, "  roles: {}", roles.join(", "))?,
+            }
         }
         for i in &self.items {
             let tag = match i.outcome {
@@ -112,8 +118,13 @@ pub fn check(path: impl AsRef<Path>) -> Verdict {
     match Runtime::global() {
         Ok(rt) => check_with(rt, path.as_ref(), &CheckOptions::default()),
         Err(e) => {
-            let mut v =
-                Verdict { path: path.as_ref().to_path_buf(), policy: String::new(), roles: vec![], items: vec![] };
+            let mut v = Verdict {
+                path: path.as_ref().to_path_buf(),
+                policy: String::new(),
+                roles: vec![],
+                wit_version: None,
+                items: vec![],
+            };
             v.push("runtime", Outcome::Fail, e.to_string());
             v
         }
@@ -280,7 +291,7 @@ fn failures<'a>(errs: impl Iterator<Item = (usize, String)> + 'a) -> Option<Stri
 /// Checks the component at `path` with `rt` and `opts`.
 pub fn check_with(rt: &Runtime, path: &Path, opts: &CheckOptions) -> Verdict {
     let label = path.file_stem().map_or_else(|| path.display().to_string(), |s| s.to_string_lossy().into_owned());
-    let mut v = Verdict { path: path.to_path_buf(), policy: label, roles: vec![], items: vec![] };
+    let mut v = Verdict { path: path.to_path_buf(), policy: label, roles: vec![], wit_version: None, items: vec![] };
     let loaded: Loaded = match rt.load(path) {
         Ok(l) => l,
         Err(e) => {
@@ -289,11 +300,13 @@ pub fn check_with(rt: &Runtime, path: &Path, opts: &CheckOptions) -> Verdict {
         }
     };
     v.roles = loaded.roles().to_vec();
+    v.wit_version = Some(loaded.wit_version());
     v.push(
         "load (exports, WIT version, imports)",
         Outcome::Pass,
         format!(
-            "{} in {:.1} ms; imports WASI: {}",
+            "wasmem:policy@{}; {} in {:.1} ms; imports WASI: {}",
+            loaded.wit_version(),
             match loaded.source() {
                 super::LoadSource::Cached => "deserialized from the artifact cache",
                 super::LoadSource::Compiled => "compiled",
@@ -360,18 +373,50 @@ pub fn check_with(rt: &Runtime, path: &Path, opts: &CheckOptions) -> Verdict {
         v.push("placement", Outcome::Skip, "not exported");
     }
     // Reclamation: pool names must exist; the engine's pools are the
-    // policy's own plus the default's `small` and `large`.
+    // policy's own plus the default's `small` and `large`. A compaction
+    // budget above the context's allocated bytes exceeds every pool's.
     if a.exports(Role::Reclamation) {
         let known = |n: &str| n == "small" || n == "large" || pools.iter().any(|p| p.name == n);
-        let bad = ta.reclaim.iter().enumerate().filter_map(|(i, r)| match r {
-            Err(e) => Some((i, e.to_string())),
-            Ok(d) => d.pools.iter().flatten().find(|n| !known(n)).map(|n| (i, format!("names unknown pool `{n}`"))),
-        });
-        match failures(bad) {
+        let mut rng = Rng(opts.seed ^ 1);
+        let mut bad = Vec::new();
+        let (mut compactions, mut stitches, mut trims) = (0usize, 0usize, 0usize);
+        for (i, r) in ta.reclaim.iter().enumerate() {
+            let (_, ctx) = (gen_trigger(&mut rng), gen_context(&mut rng, i as u64));
+            let d = match r {
+                Err(e) => {
+                    bad.push((i, e.to_string()));
+                    continue;
+                }
+                Ok(d) => d,
+            };
+            compactions += d.compact.is_some() as usize;
+            stitches += d.stitch as usize;
+            trims += d.trim as usize;
+            if let Some(n) = d.pools.iter().flatten().find(|n| !known(n)) {
+                bad.push((i, format!("names unknown pool `{n}`")));
+            } else if let Some((pool, budget)) = &d.compact {
+                if !known(pool) {
+                    bad.push((i, format!("compacts unknown pool `{pool}`")));
+                } else if *budget > ctx.allocated_bytes {
+                    bad.push((
+                        i,
+                        format!(
+                            "compaction budget {budget} of pool `{pool}` exceeds the {} allocated bytes in all pools",
+                            ctx.allocated_bytes
+                        ),
+                    ));
+                }
+            }
+        }
+        match failures(bad.into_iter()) {
             None => v.push(
                 "reclamation: valid decisions within limits",
                 Outcome::Pass,
-                format!("{} calls", ta.reclaim.len()),
+                format!(
+                    "{} calls ({compactions} compact, {stitches} stitch, {trims} trim); paged segments: {}",
+                    ta.reclaim.len(),
+                    if a.paged_segments() { "yes" } else { "no" }
+                ),
             ),
             Some(f) => v.push("reclamation: valid decisions within limits", Outcome::Fail, f),
         }

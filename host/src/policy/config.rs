@@ -9,7 +9,7 @@ use std::time::Duration;
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Engine};
 
-use super::bindings::FullPolicy;
+use super::bindings::{v0_1, v0_2};
 use super::cache::ArtifactCache;
 use super::error::LoadError;
 use super::host::HostState;
@@ -146,8 +146,12 @@ impl Runtime {
         let mut linker = Linker::<HostState>::new(&engine);
         // WASI 0.2 guests (componentize-py) import minor versions newer or
         // older than the host's; semver-compatible matching links them.
-        FullPolicy::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
-            .map_err(|e| LoadError::Engine(format!("host imports: {e:#}")))?;
+        // The host imports of every WIT version this engine speaks: 0.x
+        // minors are not semver-compatible, so each links only its own.
+        v0_1::FullPolicy::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
+            .map_err(|e| LoadError::Engine(format!("host imports of wasmem:policy@0.1.0: {e:#}")))?;
+        v0_2::FullPolicy::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
+            .map_err(|e| LoadError::Engine(format!("host imports of wasmem:policy@0.2.0: {e:#}")))?;
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(|e| LoadError::Engine(format!("WASI imports: {e:#}")))?;
         let tick = config.tick();

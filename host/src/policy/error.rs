@@ -32,15 +32,28 @@ pub enum LoadError {
     /// The component exports or imports a `wasmem:policy` interface of another version.
     #[error(
         "policy `{policy}`: uses `{interface}`, but this engine speaks wasmem:policy@{expected} \
-         (rebuild the policy against the WIT package of this engine)"
+         (rebuild the policy against one of these versions of the WIT package)"
     )]
     WrongVersion {
         /// The policy.
         policy: String,
         /// The interface found.
         interface: String,
-        /// The version this engine speaks.
+        /// The versions this engine speaks.
         expected: String,
+    },
+    /// The component uses `wasmem:policy` interfaces of two versions.
+    #[error(
+        "policy `{policy}`: mixes versions of the WIT package: `{first}` and `{second}` \
+         (build every interface against one version)"
+    )]
+    MixedVersions {
+        /// The policy.
+        policy: String,
+        /// The first interface found.
+        first: String,
+        /// An interface of another version.
+        second: String,
     },
     /// The component exports no decision role.
     #[error(
@@ -92,7 +105,8 @@ pub enum LoadError {
     },
     /// A policy spec names nothing that exists.
     #[error(
-        "unknown policy `{spec}`: not a built-in ({builtins}), and no file at {}",
+        "unknown policy `{spec}`: not a built-in ({builtins}), and no file at {} \
+         (the shipped policies are {shipped}; build them with policies/build.sh)",
         tried.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
     )]
     UnknownSpec {
@@ -100,6 +114,8 @@ pub enum LoadError {
         spec: String,
         /// The built-in names.
         builtins: String,
+        /// The shipped policy names.
+        shipped: String,
         /// The paths looked at.
         tried: Vec<PathBuf>,
     },

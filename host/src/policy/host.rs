@@ -1,13 +1,14 @@
 //! The store data of a policy instance and the host imports
-//! (`wasmem:policy/host`): `log` (to `tracing`, rate limited), `stats` (the
-//! context of the current call) and `clock` (its logical clock).
+//! (`wasmem:policy/host`, the same for every WIT version): `log` (to
+//! `tracing`, rate limited), `stats` (the context of the current call) and
+//! `clock` (its logical clock).
 
 use std::time::Instant;
 
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::bindings::{self, wasmem::policy, wit, LogLevel};
+use super::bindings::{v0_1, v0_2, GuestLogLevel};
 use super::sandbox::{deny_all_wasi, MemoryCap};
 use crate::decision::PolicyContext;
 
@@ -82,17 +83,16 @@ impl WasiView for HostState {
     }
 }
 
-impl policy::types::Host for HostState {}
-
-impl policy::host::Host for HostState {
-    fn log(&mut self, level: LogLevel, message: String) {
+impl HostState {
+    /// `host.log`.
+    fn log_message(&mut self, level: GuestLogLevel, message: String) {
         let mut message = message;
         if message.len() > MAX_LOG_CHARS {
             let cut = (0..=MAX_LOG_CHARS).rev().find(|&i| message.is_char_boundary(i)).unwrap_or(0);
             message.truncate(cut);
             message.push('…');
         }
-        if matches!(level, LogLevel::Error) {
+        if matches!(level, GuestLogLevel::Error) {
             self.last_error = Some(message.clone());
         }
         if !self.log.admit(&self.policy) {
@@ -100,19 +100,35 @@ impl policy::host::Host for HostState {
         }
         let policy = self.policy.as_str();
         match level {
-            LogLevel::Trace => tracing::trace!(target: "wasmem::policy::guest", policy, "{message}"),
-            LogLevel::Debug => tracing::debug!(target: "wasmem::policy::guest", policy, "{message}"),
-            LogLevel::Info => tracing::info!(target: "wasmem::policy::guest", policy, "{message}"),
-            LogLevel::Warn => tracing::warn!(target: "wasmem::policy::guest", policy, "{message}"),
-            LogLevel::Error => tracing::error!(target: "wasmem::policy::guest", policy, "{message}"),
+            GuestLogLevel::Trace => tracing::trace!(target: "wasmem::policy::guest", policy, "{message}"),
+            GuestLogLevel::Debug => tracing::debug!(target: "wasmem::policy::guest", policy, "{message}"),
+            GuestLogLevel::Info => tracing::info!(target: "wasmem::policy::guest", policy, "{message}"),
+            GuestLogLevel::Warn => tracing::warn!(target: "wasmem::policy::guest", policy, "{message}"),
+            GuestLogLevel::Error => tracing::error!(target: "wasmem::policy::guest", policy, "{message}"),
         }
     }
-
-    fn stats(&mut self) -> wit::PolicyContext {
-        bindings::context_to_wit(&self.ctx)
-    }
-
-    fn clock(&mut self) -> u64 {
-        self.ctx.clock
-    }
 }
+
+/// The host imports of one WIT version, served by [`HostState`].
+macro_rules! host_imports {
+    ($v:ident) => {
+        impl $v::wasmem::policy::types::Host for HostState {}
+
+        impl $v::wasmem::policy::host::Host for HostState {
+            fn log(&mut self, level: $v::LogLevel, message: String) {
+                self.log_message($v::level_from_wit(level), message)
+            }
+
+            fn stats(&mut self) -> $v::wit::PolicyContext {
+                $v::context_to_wit(&self.ctx)
+            }
+
+            fn clock(&mut self) -> u64 {
+                self.ctx.clock
+            }
+        }
+    };
+}
+
+host_imports!(v0_1);
+host_imports!(v0_2);

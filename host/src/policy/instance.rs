@@ -16,20 +16,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use wasmtime::Store;
 
 use super::adapters::{WasmEviction, WasmPlacement, WasmReclamation};
-use super::bindings::{eviction, lifecycle, placement, pool_from_wit, reclamation};
+use super::bindings::WitVersion;
 use super::error::LoadError;
+use super::guests::Guests;
 use super::host::HostState;
 use super::loader::Loaded;
 use super::sandbox::{classify, describe};
 use crate::decision::{PolicyContext, PolicyError, PoolSpec, Role};
-
-/// The typed exports of one instance.
-pub(crate) struct Guests {
-    pub lifecycle: lifecycle::Guest,
-    pub placement: Option<placement::Guest>,
-    pub reclamation: Option<reclamation::Guest>,
-    pub eviction: Option<eviction::Guest>,
-}
 
 /// Which limits to arm a call with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,14 +62,8 @@ impl Instance {
             .instantiate(&mut store)
             .map_err(|e| LoadError::Instantiate { policy: name.to_string(), cause: err(&e, &store) })?;
         let link = |e: wasmtime::Error| LoadError::Link { policy: name.to_string(), cause: format!("{e:#}") };
-        let idx = &inner.indices;
-        let guests = Guests {
-            lifecycle: idx.lifecycle.load(&mut store, &instance).map_err(link)?,
-            placement: idx.placement.as_ref().map(|i| i.load(&mut store, &instance)).transpose().map_err(link)?,
-            reclamation: idx.reclamation.as_ref().map(|i| i.load(&mut store, &instance)).transpose().map_err(link)?,
-            eviction: idx.eviction.as_ref().map(|i| i.load(&mut store, &instance)).transpose().map_err(link)?,
-        };
-        match guests.lifecycle.call_init(&mut store, config) {
+        let guests = inner.indices.load(&mut store, &instance).map_err(link)?;
+        match guests.init(&mut store, config) {
             Ok(Ok(())) => {}
             Ok(Err(msg)) => {
                 return Err(LoadError::lifecycle(name, "init", format!("refused the configuration: {msg}")))
@@ -152,8 +139,10 @@ fn arm(store: &mut Store<HostState>, runtime: &super::Runtime, kind: CallKind) {
 
 struct Meta {
     name: String,
+    version: WitVersion,
     roles: Vec<Role>,
     pools: Vec<PoolSpec>,
+    paged_segments: bool,
 }
 
 /// A shared handle to one instance of a policy component.
@@ -189,18 +178,16 @@ impl WasmPolicy {
         };
         let ctx = PolicyContext::default();
         let name = inst
-            .call(CallKind::Lifecycle, &ctx, |g, s| g.lifecycle.call_name(s))
+            .call(CallKind::Lifecycle, &ctx, |g, s| g.name(s))
             .map_err(|e| LoadError::lifecycle(&label, "name", e))?;
         let name = if name.trim().is_empty() { label.clone() } else { name };
         inst.name = name.clone();
         inst.store.data_mut().policy = name.clone();
         let pools = if loaded.exports(Role::Placement) {
             let pools = inst
-                .call(CallKind::Lifecycle, &ctx, |g, s| match &g.placement {
-                    Some(p) => p.call_pools(s),
-                    None => Ok(Vec::new()),
-                })
-                .map_err(|e| LoadError::lifecycle(&name, "pools", e))?;
+                .call(CallKind::Lifecycle, &ctx, |g, s| g.pools(s))
+                .map_err(|e| LoadError::lifecycle(&name, "pools", e))?
+                .unwrap_or_default();
             if pools.is_empty() {
                 return Err(LoadError::lifecycle(
                     &name,
@@ -208,12 +195,20 @@ impl WasmPolicy {
                     "returned an empty list (at least one pool is needed)",
                 ));
             }
-            pools.into_iter().map(pool_from_wit).collect()
+            pools
         } else {
             Vec::new()
         };
+        // Asked once: the answer holds for the instance's life.
+        let paged_segments = if loaded.exports(Role::Reclamation) {
+            inst.call(CallKind::Lifecycle, &ctx, |g, s| g.paged_segments(s))
+                .map_err(|e| LoadError::lifecycle(&name, "paged-segments", e))?
+        } else {
+            false
+        };
         let roles = loaded.roles().to_vec();
-        Ok(WasmPolicy { instance: Arc::new(Mutex::new(inst)), meta: Arc::new(Meta { name, roles, pools }) })
+        let meta = Meta { name, version: loaded.wit_version(), roles, pools, paged_segments };
+        Ok(WasmPolicy { instance: Arc::new(Mutex::new(inst)), meta: Arc::new(meta) })
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Instance> {
@@ -225,6 +220,17 @@ impl WasmPolicy {
     /// `lifecycle.name`.
     pub fn name(&self) -> &str {
         &self.meta.name
+    }
+
+    /// The version of the `wasmem:policy` WIT package the component was built against.
+    pub fn wit_version(&self) -> WitVersion {
+        self.meta.version
+    }
+
+    /// The answer of `reclamation.paged-segments` after `init` (false for a
+    /// 0.1.0 component or one without a reclamation role).
+    pub fn paged_segments(&self) -> bool {
+        self.meta.paged_segments
     }
 
     /// The roles the component exports.
@@ -260,15 +266,12 @@ impl WasmPolicy {
 
     /// `lifecycle.save-state`.
     pub fn save_state(&self) -> Result<Vec<u8>, PolicyError> {
-        self.lock().call(CallKind::Lifecycle, &PolicyContext::default(), |g, s| g.lifecycle.call_save_state(s))
+        self.lock().call(CallKind::Lifecycle, &PolicyContext::default(), |g, s| g.save_state(s))
     }
 
     /// `lifecycle.load-state`: `Err` with the policy's message or the failure.
     pub fn load_state(&self, state: &[u8]) -> Result<(), String> {
-        match self
-            .lock()
-            .call(CallKind::Lifecycle, &PolicyContext::default(), |g, s| g.lifecycle.call_load_state(s, state))
-        {
+        match self.lock().call(CallKind::Lifecycle, &PolicyContext::default(), |g, s| g.load_state(s, state)) {
             Ok(Ok(())) => Ok(()),
             Ok(Err(msg)) => Err(msg),
             Err(e) => Err(e.to_string()),

@@ -8,22 +8,14 @@ use std::time::{Duration, Instant};
 
 use wasmtime::component::{Component, InstancePre};
 
-use super::bindings::{eviction, lifecycle, placement, reclamation, WIT_PACKAGE, WIT_VERSION};
+use super::bindings::{WitVersion, WIT_PACKAGE};
 use super::cache::LoadSource;
 use super::error::LoadError;
+use super::guests::Indices;
 use super::host::HostState;
 use super::instance::WasmPolicy;
 use super::Runtime;
 use crate::decision::Role;
-
-/// Export indices of the interfaces a component provides.
-#[derive(Clone)]
-pub(crate) struct Indices {
-    pub lifecycle: lifecycle::GuestIndices,
-    pub placement: Option<placement::GuestIndices>,
-    pub reclamation: Option<reclamation::GuestIndices>,
-    pub eviction: Option<eviction::GuestIndices>,
-}
 
 pub(crate) struct LoadedInner {
     pub runtime: Runtime,
@@ -31,6 +23,7 @@ pub(crate) struct LoadedInner {
     pub path: Option<PathBuf>,
     pub pre: InstancePre<HostState>,
     pub indices: Indices,
+    pub version: WitVersion,
     pub roles: Vec<Role>,
     pub imports_wasi: bool,
     pub source: LoadSource,
@@ -74,6 +67,11 @@ impl Loaded {
     /// Whether it exports `role`.
     pub fn exports(&self, role: Role) -> bool {
         self.inner.roles.contains(&role)
+    }
+
+    /// The version of the `wasmem:policy` WIT package it was built against.
+    pub fn wit_version(&self) -> WitVersion {
+        self.inner.version
     }
 
     /// Whether it imports WASI interfaces (served by a deny-all context).
@@ -139,25 +137,16 @@ impl Runtime {
             Some(cache) => cache.load(engine, bytes).map_err(compile_err)?,
             None => (Component::new(engine, bytes).map_err(compile_err)?, LoadSource::Compiled),
         };
-        let (roles, imports_wasi) = inspect(&label, &component, engine)?;
+        let (version, roles, imports_wasi) = inspect(&label, &component, engine)?;
         let pre = self
             .inner
             .linker
             .instantiate_pre(&component)
             .map_err(|e| LoadError::Link { policy: label.clone(), cause: format!("{e:#}") })?;
-        let link = |e: wasmtime::Error| LoadError::Link { policy: label.clone(), cause: format!("{e:#}") };
-        let has = |r| roles.contains(&r);
-        let indices = Indices {
-            lifecycle: lifecycle::GuestIndices::new(&pre).map_err(link)?,
-            placement: has(Role::Placement).then(|| placement::GuestIndices::new(&pre)).transpose().map_err(link)?,
-            reclamation: has(Role::Reclamation)
-                .then(|| reclamation::GuestIndices::new(&pre))
-                .transpose()
-                .map_err(link)?,
-            eviction: has(Role::Eviction).then(|| eviction::GuestIndices::new(&pre)).transpose().map_err(link)?,
-        };
+        let indices = Indices::new(version, &pre, &roles)
+            .map_err(|e| LoadError::Link { policy: label.clone(), cause: format!("{e:#}") })?;
         let load_time = start.elapsed();
-        tracing::debug!(policy = %label, ?roles, ?source, ?load_time, "policy component loaded");
+        tracing::debug!(policy = %label, %version, ?roles, ?source, ?load_time, "policy component loaded");
         Ok(Loaded {
             inner: Arc::new(LoadedInner {
                 runtime: self.clone(),
@@ -165,6 +154,7 @@ impl Runtime {
                 path,
                 pre,
                 indices,
+                version,
                 roles,
                 imports_wasi,
                 source,
@@ -174,53 +164,70 @@ impl Runtime {
     }
 }
 
-/// The roles a component exports and whether it imports WASI; refuses other
-/// versions of the WIT package and components without a role or lifecycle.
-fn inspect(label: &str, component: &Component, engine: &wasmtime::Engine) -> Result<(Vec<Role>, bool), LoadError> {
+/// The WIT version and roles a component exports, and whether it imports
+/// WASI. Refuses versions the engine does not speak, a component whose
+/// `wasmem:policy` interfaces are of two versions, and components without a
+/// role or lifecycle.
+fn inspect(
+    label: &str,
+    component: &Component,
+    engine: &wasmtime::Engine,
+) -> Result<(WitVersion, Vec<Role>, bool), LoadError> {
     let ty = component.component_type();
     let mut roles = Vec::new();
     let mut lifecycle = false;
     let mut names = Vec::new();
     let prefix = format!("{WIT_PACKAGE}/");
-    let wrong = |export: &str| LoadError::WrongVersion {
-        policy: label.to_string(),
-        interface: export.to_string(),
-        expected: WIT_VERSION.to_string(),
+    // The version of the first `wasmem:policy` interface seen, and its name.
+    let mut found: Option<(WitVersion, String)> = None;
+    let mut version_of = |name: &str| -> Result<Option<String>, LoadError> {
+        let Some(rest) = name.strip_prefix(&prefix) else { return Ok(None) };
+        let (iface, text) = rest.split_once('@').unwrap_or((rest, ""));
+        let version = WitVersion::parse(text).ok_or_else(|| LoadError::WrongVersion {
+            policy: label.to_string(),
+            interface: name.to_string(),
+            expected: WitVersion::supported(),
+        })?;
+        match &found {
+            None => found = Some((version, name.to_string())),
+            Some((first, first_name)) if *first != version => {
+                return Err(LoadError::MixedVersions {
+                    policy: label.to_string(),
+                    first: first_name.clone(),
+                    second: name.to_string(),
+                })
+            }
+            Some(_) => {}
+        }
+        Ok(Some(iface.to_string()))
     };
     for (name, _) in ty.exports(engine) {
         names.push(name.to_string());
-        let Some(rest) = name.strip_prefix(&prefix) else { continue };
-        let (iface, version) = rest.split_once('@').unwrap_or((rest, ""));
-        if version != WIT_VERSION {
-            return Err(wrong(name));
-        }
-        match iface {
-            "lifecycle" => lifecycle = true,
-            "placement" => roles.push(Role::Placement),
-            "reclamation" => roles.push(Role::Reclamation),
-            "eviction" => roles.push(Role::Eviction),
+        match version_of(name)?.as_deref() {
+            Some("lifecycle") => lifecycle = true,
+            Some("placement") => roles.push(Role::Placement),
+            Some("reclamation") => roles.push(Role::Reclamation),
+            Some("eviction") => roles.push(Role::Eviction),
             _ => {}
         }
     }
     let mut imports_wasi = false;
     for (name, _) in ty.imports(engine) {
         imports_wasi |= name.starts_with("wasi:");
-        if let Some(rest) = name.strip_prefix(&prefix) {
-            if rest.split_once('@').map(|(_, v)| v) != Some(WIT_VERSION) {
-                return Err(wrong(name));
-            }
-        }
+        version_of(name)?;
     }
+    let version = found.map(|(v, _)| v);
+    let expected = version.map_or_else(WitVersion::supported, |v| v.to_string());
     if roles.is_empty() {
         return Err(LoadError::NoRole {
             policy: label.to_string(),
             exports: if names.is_empty() { "nothing".into() } else { names.join(", ") },
-            expected: WIT_VERSION.to_string(),
+            expected,
         });
     }
-    if !lifecycle {
-        return Err(LoadError::NoLifecycle { policy: label.to_string(), expected: WIT_VERSION.to_string() });
-    }
+    let Some(version) = version.filter(|_| lifecycle) else {
+        return Err(LoadError::NoLifecycle { policy: label.to_string(), expected });
+    };
     roles.sort_by_key(|r| *r as u8);
-    Ok((roles, imports_wasi))
+    Ok((version, roles, imports_wasi))
 }

@@ -5,7 +5,7 @@
 //!  Runtime (engine, linker, epoch ticker, artifact cache)
 //!     │ load(path) ── sha256 ──► cache hit: deserialize │ miss: compile, store
 //!     ▼
-//!  Loaded (Component + InstancePre + exported roles)    ── instantiate(config) ──►
+//!  Loaded (Component + InstancePre + WIT version + roles) ── instantiate(config) ──►
 //!  WasmPolicy (one Store: limits, deny-all WASI, host imports; Arc<Mutex<_>>)
 //!     ├─ WasmPlacement   : PlacementPolicy   (memoizable)
 //!     ├─ WasmReclamation : ReclamationPolicy
@@ -18,7 +18,9 @@
 //!
 //! One file per job: [`config`] (runtime, limits), `ticker` (epoch thread),
 //! `cache` + `artifact` (precompiled artifacts; the only `unsafe`),
-//! `loader` (exports, version, `InstancePre`), `instance` (store, calls,
+//! `bindings` (one module per WIT version: 0.1.0 from `wit/compat/v0.1.0`,
+//! 0.2.0 from `wit/`), `guests` (the exports of either version behind one
+//! set of native calls), `loader` (exports, version, `InstancePre`), `instance` (store, calls,
 //! re-instantiation), `sandbox` (memory cap, WASI, failure classification),
 //! `host` (imports), [`adapters`] (the traits), [`swap`], [`check`],
 //! [`resolve`](mod@resolve).
@@ -36,6 +38,7 @@ mod cache;
 pub mod check;
 pub mod config;
 mod error;
+mod guests;
 mod host;
 mod instance;
 mod loader;
@@ -45,7 +48,7 @@ pub mod swap;
 mod ticker;
 
 pub use adapters::{WasmEviction, WasmPlacement, WasmReclamation};
-pub use bindings::{tensor_from_wit, tensor_to_wit, WIT_VERSION};
+pub use bindings::{tensor_from_wit, tensor_to_wit, WitVersion, WIT_VERSION};
 pub use cache::LoadSource;
 pub use check::{check, Verdict};
 pub use config::{CacheDir, Limits, Runtime, RuntimeConfig};

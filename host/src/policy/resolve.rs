@@ -9,8 +9,12 @@
 //! path   : anything ending in `.wasm` or containing a path separator
 //! ```
 //!
-//! Each role is taken from the first part that provides it (a built-in
-//! provides all three); roles no part provides are filled by the built-in
+//! Each role is taken from the most specific part that provides it: the one
+//! that provides the fewest roles, the earlier one on a tie (a built-in
+//! provides all three). So `pytorch-like+defrag-reclaim` takes reclamation
+//! from `defrag-reclaim` (reclamation only) and placement from
+//! `pytorch-like`, and `a+b` of two parts with the same roles takes every
+//! role from `a`. Roles no part provides are filled by the built-in
 //! `pytorch` defaults (PyTorch placement and reclamation, LRU eviction).
 
 use std::path::{Path, PathBuf};
@@ -19,7 +23,7 @@ use super::error::LoadError;
 use super::instance::WasmPolicy;
 use super::Runtime;
 use crate::builtin::{self, LruEviction, Policies, PytorchPlacement, PytorchReclamation};
-use crate::decision::{EvictionPolicy, PlacementPolicy, ReclamationPolicy, Role};
+use crate::decision::{EvictionPolicy, PlacementPolicy, ReclamationPolicy};
 
 /// The repository's `policies/` directory, as known at compile time.
 const REPO_POLICIES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../policies");
@@ -42,6 +46,11 @@ impl std::fmt::Debug for Resolved {
     }
 }
 
+/// The policies shipped in `policies/` (built into `policies/out/NAME.wasm`
+/// by `policies/build.sh`): what a spec may name besides the built-ins.
+pub const SHIPPED_NAMES: [&str; 7] =
+    ["pytorch-like", "lifecycle", "lru-evict", "watermark-reclaim", "defrag-reclaim", "size-class", "dtr-evict"];
+
 /// Candidate files for a shipped policy `name`.
 pub fn shipped_candidates(name: &str) -> Vec<PathBuf> {
     let file = format!("{name}.wasm");
@@ -60,18 +69,45 @@ pub fn resolve(spec: &str) -> Result<Policies, LoadError> {
     resolve_with(Runtime::global()?, spec).map(|r| r.policies)
 }
 
+/// The part chosen for one role so far: how many roles it provides, the
+/// policy, its label and its WebAssembly instance.
+struct Choice<P: ?Sized> {
+    roles: usize,
+    policy: Box<P>,
+    label: String,
+    wasm: Option<WasmPolicy>,
+}
+
+/// Takes `policy` for a role unless the current choice is at least as specific.
+fn offer<P: ?Sized>(slot: &mut Option<Choice<P>>, roles: usize, make: impl FnOnce() -> Option<Choice<P>>) {
+    if slot.as_ref().is_none_or(|c| roles < c.roles) {
+        if let Some(c) = make() {
+            *slot = Some(c);
+        }
+    }
+}
+
+/// The choice of a WebAssembly part that provides `roles` roles.
+fn wasm_choice<P: ?Sized>(policy: Box<P>, roles: usize, wasm: &WasmPolicy) -> Choice<P> {
+    Choice { roles, policy, label: wasm.name().to_string(), wasm: Some(wasm.clone()) }
+}
+
 /// Resolves `spec` with `runtime`, keeping the WebAssembly handles.
 pub fn resolve_with(runtime: &Runtime, spec: &str) -> Result<Resolved, LoadError> {
-    let mut placement: Option<(Box<dyn PlacementPolicy>, String)> = None;
-    let mut reclamation: Option<(Box<dyn ReclamationPolicy>, String)> = None;
-    let mut eviction: Option<(Box<dyn EvictionPolicy>, String)> = None;
-    let mut wasm: [Option<WasmPolicy>; 3] = Default::default();
+    let mut placement: Option<Choice<dyn PlacementPolicy>> = None;
+    let mut reclamation: Option<Choice<dyn ReclamationPolicy>> = None;
+    let mut eviction: Option<Choice<dyn EvictionPolicy>> = None;
     for part in spec.split('+').map(str::trim).filter(|p| !p.is_empty()) {
         let (what, config) = part.split_once('?').unwrap_or((part, ""));
         if let Some(p) = builtin::by_name(what) {
-            placement.get_or_insert((p.placement, what.to_string()));
-            reclamation.get_or_insert((p.reclamation, what.to_string()));
-            eviction.get_or_insert((p.eviction, what.to_string()));
+            let label = what.to_string();
+            offer(&mut placement, 3, || {
+                Some(Choice { roles: 3, policy: p.placement, label: label.clone(), wasm: None })
+            });
+            offer(&mut reclamation, 3, || {
+                Some(Choice { roles: 3, policy: p.reclamation, label: label.clone(), wasm: None })
+            });
+            offer(&mut eviction, 3, || Some(Choice { roles: 3, policy: p.eviction, label, wasm: None }));
             continue;
         }
         let looks_like_path = what.ends_with(".wasm") || what.contains(std::path::MAIN_SEPARATOR) || what.contains('/');
@@ -85,35 +121,33 @@ pub fn resolve_with(runtime: &Runtime, spec: &str) -> Result<Resolved, LoadError
                     return Err(LoadError::UnknownSpec {
                         spec: what.to_string(),
                         builtins: builtin::BUILTIN_NAMES.join(", "),
+                        shipped: SHIPPED_NAMES.join(", "),
                         tried,
                     })
                 }
             }
         };
         let policy = runtime.load(&path)?.instantiate(config)?;
-        let label = policy.name().to_string();
-        if placement.is_none() && policy.exports(Role::Placement) {
-            placement = policy.placement().map(|p| (Box::new(p) as Box<dyn PlacementPolicy>, label.clone()));
-            wasm[0] = Some(policy.clone());
-        }
-        if reclamation.is_none() && policy.exports(Role::Reclamation) {
-            reclamation = policy.reclamation().map(|p| (Box::new(p) as Box<dyn ReclamationPolicy>, label.clone()));
-            wasm[1] = Some(policy.clone());
-        }
-        if eviction.is_none() && policy.exports(Role::Eviction) {
-            eviction = policy.eviction().map(|p| (Box::new(p) as Box<dyn EvictionPolicy>, label.clone()));
-            wasm[2] = Some(policy.clone());
-        }
+        let n = policy.roles().len();
+        offer(&mut placement, n, || policy.placement().map(|p| wasm_choice(Box::new(p) as Box<_>, n, &policy)));
+        offer(&mut reclamation, n, || policy.reclamation().map(|p| wasm_choice(Box::new(p) as Box<_>, n, &policy)));
+        offer(&mut eviction, n, || policy.eviction().map(|p| wasm_choice(Box::new(p) as Box<_>, n, &policy)));
     }
     let sources = [
-        placement.as_ref().map(|p| p.1.clone()),
-        reclamation.as_ref().map(|p| p.1.clone()),
-        eviction.as_ref().map(|p| p.1.clone()),
+        placement.as_ref().map(|c| c.label.clone()),
+        reclamation.as_ref().map(|c| c.label.clone()),
+        eviction.as_ref().map(|c| c.label.clone()),
+    ];
+    let wasm = [
+        placement.as_ref().and_then(|c| c.wasm.clone()),
+        reclamation.as_ref().and_then(|c| c.wasm.clone()),
+        eviction.as_ref().and_then(|c| c.wasm.clone()),
     ];
     let policies = Policies {
-        placement: placement.map_or_else(|| Box::new(PytorchPlacement) as Box<dyn PlacementPolicy>, |p| p.0),
-        reclamation: reclamation.map_or_else(|| Box::new(PytorchReclamation) as Box<dyn ReclamationPolicy>, |p| p.0),
-        eviction: eviction.map_or_else(|| Box::new(LruEviction) as Box<dyn EvictionPolicy>, |p| p.0),
+        placement: placement.map_or_else(|| Box::new(PytorchPlacement) as Box<dyn PlacementPolicy>, |c| c.policy),
+        reclamation: reclamation
+            .map_or_else(|| Box::new(PytorchReclamation) as Box<dyn ReclamationPolicy>, |c| c.policy),
+        eviction: eviction.map_or_else(|| Box::new(LruEviction) as Box<dyn EvictionPolicy>, |c| c.policy),
     };
     Ok(Resolved { policies, wasm, sources })
 }

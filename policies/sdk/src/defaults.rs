@@ -6,7 +6,7 @@ use alloc::string::ToString;
 use alloc::vec;
 use alloc::vec::Vec;
 
-use crate::types::{EvictionCandidate, PlacementDecision, PoolSpec, ReclaimDecision, ReclaimTrigger};
+use crate::types::{EvictionCandidate, PlacementDecision, PoolSpec, ReclaimDecision, ReclaimPlan, ReclaimTrigger};
 
 /// `1 MiB`.
 pub const MIB: u64 = 1 << 20;
@@ -92,6 +92,16 @@ pub fn pytorch_reclaim(trigger: &ReclaimTrigger) -> ReclaimDecision {
     }
 }
 
+/// A plan that releases what `d` releases and uses no other mechanism.
+pub fn plan_of(d: ReclaimDecision) -> ReclaimPlan {
+    ReclaimPlan { release_bytes: d.release_bytes, pools: d.pools, compact: None, stitch: false, trim: false }
+}
+
+/// The release part of a plan (what the 0.1.0 `reclaim` answer can carry).
+pub fn release_of(p: ReclaimPlan) -> ReclaimDecision {
+    ReclaimDecision { release_bytes: p.release_bytes, pools: p.pools }
+}
+
 /// Whether the engine may move `c` (neither in use nor pinned).
 pub fn evictable(c: &EvictionCandidate) -> bool {
     !c.in_use && !c.pinned
@@ -146,6 +156,14 @@ mod tests {
         assert!(pytorch_placement(16 * MIB).cacheable);
         assert!(pytorch_placement(64).cacheable);
         assert_eq!(pytorch_placement(u64::MAX).pool, 1);
+    }
+
+    #[test]
+    fn plans_and_releases_convert() {
+        let d = ReclaimDecision { release_bytes: 5, pools: Some(vec!["large".to_string()]) };
+        let p = plan_of(d.clone());
+        assert_eq!((p.compact.is_none(), p.stitch, p.trim), (true, false, false));
+        assert_eq!(release_of(p), d);
     }
 
     #[test]

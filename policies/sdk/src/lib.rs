@@ -94,7 +94,8 @@ pub mod host {
 }
 
 use types::{
-    AllocRequest, EvictionCandidate, PlacementDecision, PolicyContext, PoolSpec, ReclaimDecision, ReclaimTrigger,
+    AllocRequest, EvictionCandidate, PlacementDecision, PolicyContext, PoolSpec, ReclaimDecision, ReclaimPlan,
+    ReclaimTrigger,
 };
 
 /// What every policy provides: its name, configuration and state transfer
@@ -143,12 +144,32 @@ pub trait Placement: Policy {
 }
 
 /// The reclamation role (`wasmem:policy/reclamation`).
+///
+/// A policy that only releases cached memory overrides [`Reclamation::reclaim`].
+/// One that also defragments (WIT 0.2.0) overrides [`Reclamation::plan`]
+/// (compaction, stitching, trimming) and [`Reclamation::paged_segments`].
+/// The engine calls `plan`; the component's `reclaim` export answers with
+/// the release part of the plan, so the two never disagree.
 pub trait Reclamation: Policy {
     /// What to release after `trigger`. Default: everything cached when the
     /// device refused a segment, nothing at phase markers.
     fn reclaim(&mut self, trigger: &ReclaimTrigger, ctx: &PolicyContext) -> ReclaimDecision {
         let _ = ctx;
         defaults::pytorch_reclaim(trigger)
+    }
+
+    /// What to release, compact, stitch or trim after `trigger`. Default:
+    /// the release of [`Reclamation::reclaim`], nothing else
+    /// ([`defaults::plan_of`]).
+    fn plan(&mut self, trigger: &ReclaimTrigger, ctx: &PolicyContext) -> ReclaimPlan {
+        defaults::plan_of(self.reclaim(trigger, ctx))
+    }
+
+    /// Whether the engine should build large segments from individually
+    /// mapped pages while this policy is active (needed for `stitch` and
+    /// `trim` to act). Asked once, after `lifecycle.init`. Default: no.
+    fn paged_segments(&self) -> bool {
+        false
     }
 }
 
@@ -186,7 +207,7 @@ macro_rules! export {
             }
 
             // The component's exports exist on wasm32 only: their names
-            // (`wasmem:policy/placement@0.1.0#place`…) are no native symbols.
+            // (`wasmem:policy/placement@0.2.0#place`…) are no native symbols.
             #[cfg(target_arch = "wasm32")]
             $crate::__export_base_impl!(__WasmemPolicyExport with_types_in $crate::bindings::base);
             $($crate::__export_role!($role $ty, __WasmemPolicyExport);)+
@@ -239,9 +260,10 @@ pub mod __private {
     use crate::bindings::placement::exports::wasmem::policy::placement;
     use crate::bindings::reclamation::exports::wasmem::policy::reclamation;
     use crate::types::{
-        AllocRequest, EvictionCandidate, PlacementDecision, PolicyContext, PoolSpec, ReclaimDecision, ReclaimTrigger,
+        AllocRequest, EvictionCandidate, PlacementDecision, PolicyContext, PoolSpec, ReclaimDecision, ReclaimPlan,
+        ReclaimTrigger,
     };
-    use crate::{Config, Eviction, Placement, Policy, Reclamation};
+    use crate::{defaults, Config, Eviction, Placement, Policy, Reclamation};
     use alloc::string::{String, ToString};
     use alloc::vec::Vec;
 
@@ -368,7 +390,15 @@ pub mod __private {
         E::Policy: Reclamation,
     {
         fn reclaim(trigger: ReclaimTrigger, ctx: PolicyContext) -> ReclaimDecision {
-            E::with(|p| p.reclaim(&trigger, &ctx))
+            E::with(|p| defaults::release_of(p.plan(&trigger, &ctx)))
+        }
+
+        fn paged_segments() -> bool {
+            E::with(|p| p.paged_segments())
+        }
+
+        fn plan(trigger: ReclaimTrigger, ctx: PolicyContext) -> ReclaimPlan {
+            E::with(|p| p.plan(&trigger, &ctx))
         }
     }
 

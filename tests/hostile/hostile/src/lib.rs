@@ -12,6 +12,8 @@
 //! | `bad-round` | placement rounds to 3 bytes (not a power of two) |
 //! | `bad-victims` | eviction names an unknown id and one id twice |
 //! | `bad-reclaim` | reclamation names a pool that does not exist |
+//! | `bad-compact` | the reclamation plan (WIT 0.2.0) compacts a pool that does not exist |
+//! | `huge-compact` | the reclamation plan compacts `large` with a budget of 2^64 − 1 bytes |
 //! | `empty-pools` | `pools` returns an empty list |
 //! | `bad-state` | `load-state` refuses any state |
 //! | `fickle` | cacheable decisions that differ between calls of one size class |
@@ -112,6 +114,16 @@ impl Reclamation for Hostile {
             ReclaimDecision { release_bytes: 1, pools: Some(vec!["no-such-pool".to_string()]) }
         } else {
             d
+        }
+    }
+
+    fn plan(&mut self, trigger: &ReclaimTrigger, ctx: &PolicyContext) -> ReclaimPlan {
+        let p = defaults::plan_of(self.reclaim(trigger, ctx));
+        let compact = |pool: &str, max_bytes| Some(Compaction { pool: pool.to_string(), max_bytes });
+        match self.mode.as_str() {
+            "bad-compact" => ReclaimPlan { compact: compact("no-such-pool", 1), ..p },
+            "huge-compact" => ReclaimPlan { compact: compact("large", u64::MAX), ..p },
+            _ => p,
         }
     }
 }
