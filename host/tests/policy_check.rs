@@ -45,7 +45,7 @@ fn components_of_wit_0_1_0_pass_and_report_their_version() {
 fn defrag_reclaim_check_counts_the_mechanisms() {
     let rt = common::relaxed_runtime();
     let path = need!(common::rust_policy("defrag-reclaim"));
-    let v = check_with(&rt, &path, &opts("frag=0.1"));
+    let v = check_with(&rt, &path, &opts("frag=0.1 compact_fraction=0.05"));
     assert!(v.passed(), "{v}");
     let item = v.items.iter().find(|i| i.name == "reclamation: valid decisions within limits").unwrap();
     // The fuzzed triggers are a third each grow, alloc-failed and phase
@@ -61,12 +61,10 @@ fn default_check_passes_pytorch_like() {
     let path = need!(common::rust_policy("pytorch-like"));
     let v = wasmem::policy::check(&path);
     // The default 1 ms deadline could be missed on an overloaded machine;
-    // the verdict then says so. Any other failure is a bug.
-    assert!(
-        v.passed()
-            || v.items.iter().all(|i| i.outcome != Outcome::Fail || i.detail.to_lowercase().contains("deadline")),
-        "{v}"
-    );
+    // the verdict then says so (and the missed call also fails the
+    // determinism and sandbox lines). Any other failure is a bug.
+    let missed_deadline = v.items.iter().any(|i| i.outcome == Outcome::Fail && i.detail.contains("deadline exceeded"));
+    assert!(v.passed() || missed_deadline, "{v}");
     assert!(v.to_string().contains("pytorch-like"));
 }
 

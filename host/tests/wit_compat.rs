@@ -232,7 +232,8 @@ fn defrag_reclaim_compacts_in_a_replay_without_fallbacks() {
     need!(common::rust_policy("defrag-reclaim"));
     let (plain, moved_plain) = replay_metrics("pytorch-like");
     // Reclamation from `defrag-reclaim` (the more specific part), placement from `pytorch-like`.
-    let (defrag, moved) = replay_metrics("pytorch-like+defrag-reclaim?frag=0.05,cached_high=0,compact_min=0");
+    let (defrag, moved) =
+        replay_metrics("pytorch-like+defrag-reclaim?frag=0.05,cached_high=0,compact_min=0,compact_fraction=0.05");
     eprintln!(
         "gpt2-124m synth, 2 steps: pytorch-like peak reserved {} MiB, overhead {:.4}; \
          +defrag-reclaim peak reserved {} MiB, overhead {:.4}, moved {} MiB, {} GC pauses",

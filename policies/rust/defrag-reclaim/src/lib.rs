@@ -12,7 +12,7 @@
 //!   exceed `cached_high`, release the excess, also from free whole pages
 //!   inside segments that still hold tensors (no device synchronization);
 //!   when the device refuses a segment, release everything cached, trimming;
-//! - **compaction** at phase markers: when the fragmentation
+//! - **compaction** (off by default: `compact_fraction=0`) at phase markers: when the fragmentation
 //!   `cached / reserved` is at least `frag` (and at least `compact_min` bytes
 //!   are reserved), compact pool `compact_pool` moving at most
 //!   `compact_fraction × allocated` bytes, once per training step; and, when
@@ -24,7 +24,7 @@
 //! The context gives totals, not per-pool figures, so the compaction budget
 //! is a fraction of all allocated bytes. The engine refuses a budget above
 //! the pool's own allocated bytes (and the whole plan with it): keep
-//! `compact_fraction` small (default 5 %) and name the pool that holds most
+//! `compact_fraction` small (5 % is a good start) and name the pool that holds most
 //! bytes (`large` under PyTorch-style placement, which the engine always
 //! keeps).
 //!
@@ -35,10 +35,11 @@
 //! | `paged` | ask for paged segments (`true`/`false`) | `true` |
 //! | `stitch` | stitch on `grow` and `alloc-failed` | `true` |
 //! | `cached_high` | trim at phase markers down to this many cached bytes (`512MiB`…) | `256MiB` |
+//! | `trim_max` | trim at most this many bytes per phase marker, so that no pause is long | `16MiB` |
 //! | `phase` | act only at this phase (`forward`, `backward`, `optimizer`, `step_end`) or `any` | `any` |
 //! | `frag` | compact when `cached / reserved` is at least this fraction | `0.25` |
 //! | `compact_pool` | the pool to compact | `large` |
-//! | `compact_fraction` | budget per step, fraction of allocated bytes in `[0, 1]` (0: never compact) | `0.05` |
+//! | `compact_fraction` | budget per step, fraction of allocated bytes in `[0, 1]` (0: never compact) | `0` (stitching made it unnecessary on the measured workloads; `0.05` is a good start) |
 //! | `compact_min` | do not compact below this many reserved bytes | `64MiB` |
 //! | `grow_compact_every` | also compact on `grow`, at most once per this many allocator operations (0: never) | `0` |
 //!
@@ -58,6 +59,7 @@ pub struct DefragReclaim {
     paged: bool,
     stitch: bool,
     cached_high: u64,
+    trim_max: u64,
     phase: Option<Phase>,
     frag: f64,
     compact_pool: String,
@@ -76,10 +78,11 @@ impl Default for DefragReclaim {
             paged: true,
             stitch: true,
             cached_high: 256 * MIB,
+            trim_max: 16 * MIB,
             phase: None,
             frag: 0.25,
             compact_pool: "large".to_string(),
-            compact_fraction: 0.05,
+            compact_fraction: 0.0,
             compact_min: 64 * MIB,
             grow_compact_every: 0,
             last_compaction: None,
@@ -166,6 +169,7 @@ impl Policy for DefragReclaim {
         self.paged = config.get_or("paged", self.paged)?;
         self.stitch = config.get_or("stitch", self.stitch)?;
         self.cached_high = config.bytes_or("cached_high", self.cached_high)?;
+        self.trim_max = config.bytes_or("trim_max", self.trim_max)?;
         if let Some(name) = config.raw("phase") {
             self.phase = parse_phase(name)?;
         }
@@ -224,7 +228,7 @@ impl Reclamation for DefragReclaim {
                     return Self::nothing();
                 }
                 let cached = ctx.reserved_bytes.saturating_sub(ctx.allocated_bytes);
-                let release_bytes = cached.saturating_sub(self.cached_high);
+                let release_bytes = cached.saturating_sub(self.cached_high).min(self.trim_max);
                 let compact = self.compaction(ctx, marker.step);
                 ReclaimPlan { release_bytes, pools: None, compact, stitch: false, trim: release_bytes > 0 }
             }
@@ -291,21 +295,24 @@ mod tests {
 
     #[test]
     fn trims_the_cache_above_the_watermark() {
-        let mut p = configured("compact_fraction=0");
+        let mut p = configured("compact_fraction=0 trim_max=1GiB");
         // 1 GiB reserved, 600 MiB allocated: 424 MiB cached, 168 MiB above 256 MiB.
         let d = p.plan(&at(Phase::StepEnd, 1), &ctx(GIB, 600 * MIB));
         assert_eq!((d.release_bytes, d.trim, d.stitch), (168 * MIB, true, false));
+        // By default at most 16 MiB per marker.
+        let d = configured("compact_fraction=0").plan(&at(Phase::StepEnd, 1), &ctx(GIB, 600 * MIB));
+        assert_eq!(d.release_bytes, 16 * MIB);
         // Below the watermark: nothing, and no trimming.
         let d = p.plan(&at(Phase::StepEnd, 1), &ctx(GIB, 900 * MIB));
         assert_eq!(d, DefragReclaim::nothing());
-        let mut p = configured("cached_high=0 compact_fraction=0 phase=optimizer");
+        let mut p = configured("cached_high=0 trim_max=1GiB compact_fraction=0 phase=optimizer");
         assert_eq!(p.plan(&at(Phase::Backward, 1), &ctx(GIB, 0)), DefragReclaim::nothing());
         assert_eq!(p.plan(&at(Phase::Optimizer, 1), &ctx(GIB, 0)).release_bytes, GIB);
     }
 
     #[test]
     fn compacts_a_fragmented_pool_once_per_step_within_budget() {
-        let mut p = configured("cached_high=4GiB");
+        let mut p = configured("cached_high=4GiB compact_fraction=0.05");
         // 40 % cached: fragmented. Budget 5 % of 600 MiB = 30 MiB.
         let d = p.plan(&at(Phase::Forward, 3), &ctx(GIB, 600 * MIB));
         let c = d.compact.expect("a compaction");
@@ -339,7 +346,7 @@ mod tests {
 
     #[test]
     fn state_carries_the_last_compaction() {
-        let mut p = configured("cached_high=4GiB");
+        let mut p = configured("cached_high=4GiB compact_fraction=0.05");
         assert!(p.plan(&at(Phase::Forward, 9), &ctx(GIB, 600 * MIB)).compact.is_some());
         let state = p.save_state();
         let mut q = DefragReclaim::default();
@@ -359,7 +366,7 @@ mod tests {
         let at_clock = |clock, allocated| PolicyContext { clock, ..ctx(GIB, allocated) };
         let mut p = DefragReclaim::default();
         assert!(p.plan(&grow, &at_clock(0, 600 * MIB)).compact.is_none(), "off by default");
-        let mut p = configured("grow_compact_every=100");
+        let mut p = configured("grow_compact_every=100 compact_fraction=0.05");
         let d = p.plan(&grow, &at_clock(1000, 600 * MIB));
         assert_eq!(d.compact, Some(Compaction { pool: "large".to_string(), max_bytes: 30 * MIB }));
         assert!(d.stitch && d.release_bytes == 0);
