@@ -19,6 +19,7 @@ pub mod adam;
 pub mod data;
 pub mod gemm;
 pub mod model;
+pub mod run;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
