@@ -218,9 +218,8 @@ struct ModelArgs {
 impl ModelArgs {
     fn spec(&self, default: &str) -> Result<ModelSpec> {
         let preset = self.preset.as_deref().unwrap_or(default);
-        let mut s = ModelSpec::preset(preset).with_context(|| {
-            format!("unknown preset `{preset}`: presets are {}", ModelSpec::PRESETS.join(", "))
-        })?;
+        let mut s = ModelSpec::preset(preset)
+            .with_context(|| format!("unknown preset `{preset}`: presets are {}", ModelSpec::PRESETS.join(", ")))?;
         let set = |dst: &mut u64, v: Option<u64>| {
             if let Some(v) = v {
                 *dst = v;
@@ -643,8 +642,13 @@ fn train(t: TrainArgs) -> Result<()> {
     let mut config = wasmem::train::TrainConfig::new(spec.clone(), zero, spec.steps);
     config.seed = t.seed;
     config.adam.lr = t.lr;
-    let opts =
-        wasmem::train::run::TrainOptions { config, policy: t.policy, swap_at: t.swap_at, record: t.record, json: t.json };
+    let opts = wasmem::train::run::TrainOptions {
+        config,
+        policy: t.policy,
+        swap_at: t.swap_at,
+        record: t.record,
+        json: t.json,
+    };
     let rt = runtime(t.deadline_ms)?;
     match t.device {
         DeviceKind::Sim => wasmem::train::run::train_command(&opts, rt, |_| {

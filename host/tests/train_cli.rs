@@ -12,7 +12,19 @@ fn wasmem(args: &[&str]) -> (i32, String, String) {
 }
 
 const SMALL: [&str; 14] = [
-    "--layers", "2", "--hidden", "32", "--heads", "2", "--intermediate", "64", "--vocab", "64", "--seq", "16", "--batch",
+    "--layers",
+    "2",
+    "--hidden",
+    "32",
+    "--heads",
+    "2",
+    "--intermediate",
+    "64",
+    "--vocab",
+    "64",
+    "--seq",
+    "16",
+    "--batch",
     "2",
 ];
 
@@ -55,7 +67,10 @@ fn train_prints_steps_and_the_saving_and_its_record_replays_like_synth() {
         let rel = (v as f64 - trained as f64).abs() / trained as f64;
         assert!(rel <= 0.05, "{what} peak {v} vs trained {trained}");
     }
-    assert_eq!(std::fs::read_to_string(&synth).unwrap().lines().count(), std::fs::read_to_string(&rank0).unwrap().lines().count());
+    assert_eq!(
+        std::fs::read_to_string(&synth).unwrap().lines().count(),
+        std::fs::read_to_string(&rank0).unwrap().lines().count()
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -64,15 +79,52 @@ fn synth_writes_one_trace_per_rank_at_scale() {
     let dir = std::env::temp_dir().join(format!("wasmem-synth-zero-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("l70.jsonl.gz");
-    let (code, _, err) =
-        wasmem(&["synth", "--preset", "llama-70b", "--zero", "3", "--ranks", "1024", "--rank", "5", "--steps", "1", "-o", out.to_str().unwrap()]);
+    let (code, _, err) = wasmem(&[
+        "synth",
+        "--preset",
+        "llama-70b",
+        "--zero",
+        "3",
+        "--ranks",
+        "1024",
+        "--rank",
+        "5",
+        "--steps",
+        "1",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("70") && out.is_file(), "{err}");
     let small = dir.join("t.jsonl");
-    let (code, _, err) = wasmem(&["synth", "--preset", "tiny", "--zero", "2", "--ranks", "2", "--steps", "1", "-o", small.to_str().unwrap()]);
+    let (code, _, err) = wasmem(&[
+        "synth",
+        "--preset",
+        "tiny",
+        "--zero",
+        "2",
+        "--ranks",
+        "2",
+        "--steps",
+        "1",
+        "-o",
+        small.to_str().unwrap(),
+    ]);
     assert_eq!(code, 0, "{err}");
     assert!(dir.join("t.rank0.jsonl").is_file() && dir.join("t.rank1.jsonl").is_file());
-    let (code, _, err) = wasmem(&["synth", "--preset", "tiny", "--zero", "2", "--ranks", "3", "--micro-batches", "4", "-o", small.to_str().unwrap()]);
+    let (code, _, err) = wasmem(&[
+        "synth",
+        "--preset",
+        "tiny",
+        "--zero",
+        "2",
+        "--ranks",
+        "3",
+        "--micro-batches",
+        "4",
+        "-o",
+        small.to_str().unwrap(),
+    ]);
     assert_ne!(code, 0);
     assert!(err.contains("micro-batches"), "{err}");
     std::fs::remove_dir_all(&dir).ok();

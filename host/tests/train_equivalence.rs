@@ -9,7 +9,17 @@ use wasmem::synth::ModelSpec;
 use wasmem::train::{TrainConfig, TrainResult, Trainer};
 
 fn small() -> ModelSpec {
-    ModelSpec { layers: 2, hidden: 32, heads: 2, kv_heads: 2, intermediate: 64, vocab: 64, seq: 16, batch: 2, ..ModelSpec::preset("tiny").unwrap() }
+    ModelSpec {
+        layers: 2,
+        hidden: 32,
+        heads: 2,
+        kv_heads: 2,
+        intermediate: 64,
+        vocab: 64,
+        seq: 16,
+        batch: 2,
+        ..ModelSpec::preset("tiny").unwrap()
+    }
 }
 
 fn allocators(n: usize, policy: &str) -> Vec<SharedAllocator<SimDevice>> {
@@ -22,8 +32,12 @@ fn allocators(n: usize, policy: &str) -> Vec<SharedAllocator<SimDevice>> {
 }
 
 fn train(stage: u8, ranks: usize, offload: bool, steps: u64) -> TrainResult {
+    train_spec(small(), stage, ranks, offload, steps)
+}
+
+fn train_spec(spec: ModelSpec, stage: u8, ranks: usize, offload: bool, steps: u64) -> TrainResult {
     let zero = ZeroConfig { stage, ranks, offload, micro_batches: 4 };
-    let cfg = TrainConfig::new(small(), zero, steps);
+    let cfg = TrainConfig::new(spec, zero, steps);
     Trainer::new(cfg, allocators(ranks, "pytorch")).unwrap().run().unwrap()
 }
 
@@ -54,4 +68,15 @@ fn stages_offload_and_rank_counts_give_the_same_losses() {
         assert_close(&l0, &losses(&train(stage, 1, false, steps)), &format!("1 rank, stage {stage}"));
     }
     assert_close(&l0, &losses(&train(1, 2, false, steps)), "2 ranks, stage 1");
+}
+
+#[test]
+fn an_untied_head_trains_the_same_under_every_stage() {
+    let spec = ModelSpec { tied: false, layers: 1, ..small() };
+    let l0 = losses(&train_spec(spec.clone(), 0, 4, false, 4));
+    assert!(l0[3] < l0[0], "{l0:?}");
+    for (stage, ranks, offload) in [(1, 4, false), (2, 2, true), (3, 4, false), (3, 1, false)] {
+        let l = losses(&train_spec(spec.clone(), stage, ranks, offload, 4));
+        assert_close(&l0, &l, &format!("untied, stage {stage}, {ranks} ranks, offload {offload}"));
+    }
 }

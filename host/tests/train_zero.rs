@@ -104,9 +104,13 @@ fn recorded_traces_equal_the_synthesized_plan_and_replay_to_the_same_peak() {
             assert_eq!(*got, synth, "stage {stage}: rank {r}'s trace differs from the plan");
         }
         // Replaying the synthesized trace reaches the trained run's peak (within 5 %).
-        let m = replay(synth.iter().map(|e| Ok::<_, String>(*e)), builtin::by_name("pytorch").unwrap(), &ReplayConfig::default())
-            .unwrap()
-            .metrics;
+        let m = replay(
+            synth.iter().map(|e| Ok::<_, String>(*e)),
+            builtin::by_name("pytorch").unwrap(),
+            &ReplayConfig::default(),
+        )
+        .unwrap()
+        .metrics;
         for rank in &run.steps.last().unwrap().ranks {
             let (a, b) = (m.peak_reserved_bytes as f64, rank.peak_reserved_bytes as f64);
             assert!((a - b).abs() <= 0.05 * b, "stage {stage}: synthesized peak {a} vs trained {b}");
@@ -177,7 +181,11 @@ fn a_rank_out_of_memory_fails_every_rank_with_its_error() {
 
 #[test]
 fn configurations_the_trainer_cannot_run_are_refused() {
-    let llama = TrainConfig::new(ModelSpec::preset("llama-1b").unwrap(), ZeroConfig { stage: 0, ranks: 1, offload: false, micro_batches: 1 }, 1);
+    let llama = TrainConfig::new(
+        ModelSpec::preset("llama-1b").unwrap(),
+        ZeroConfig { stage: 0, ranks: 1, offload: false, micro_batches: 1 },
+        1,
+    );
     assert!(matches!(Trainer::new(llama, allocators(1, |_| 1 << 30)), Err(TrainError::Config(_))));
     let c = cfg(1, 4, false, 1);
     assert!(matches!(Trainer::new(c, allocators(3, |_| 1 << 30)), Err(TrainError::Config(_))));

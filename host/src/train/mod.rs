@@ -166,11 +166,7 @@ impl<D: Device + 'static> Trainer<D> {
         }
         let plan = Plan::new(&cfg.spec, cfg.zero).map_err(TrainError::Config)?;
         if allocators.len() != cfg.zero.ranks {
-            return Err(TrainError::Config(format!(
-                "{} allocators for {} ranks",
-                allocators.len(),
-                cfg.zero.ranks
-            )));
+            return Err(TrainError::Config(format!("{} allocators for {} ranks", allocators.len(), cfg.zero.ranks)));
         }
         let taps = (0..cfg.zero.ranks).map(|_| None).collect();
         Ok(Trainer { cfg, plan, allocators, taps, on_step: None, on_report: None })
@@ -261,8 +257,10 @@ impl<D: Device + 'static> Trainer<D> {
             let better = match &first {
                 None => true,
                 Some(TrainError::Panicked { .. }) => false,
-                Some(f) => matches!(e, TrainError::Panicked { .. })
-                    || (!consequence && matches!(f, TrainError::Comm(CommError::GroupFailed { .. }))),
+                Some(f) => {
+                    matches!(e, TrainError::Panicked { .. })
+                        || (!consequence && matches!(f, TrainError::Comm(CommError::GroupFailed { .. })))
+                }
             };
             if better {
                 first = Some(e);
@@ -431,7 +429,8 @@ impl<'a, D: Device> Rank<'a, D> {
     }
 
     fn report(&self, step: u64, loss: f64) {
-        let (peak, reserved) = self.mem.allocator().with(|a| (a.gauges().peak_reserved_bytes, a.gauges().reserved_bytes));
+        let (peak, reserved) =
+            self.mem.allocator().with(|a| (a.gauges().peak_reserved_bytes, a.gauges().reserved_bytes));
         let me = RankStep {
             model_state_bytes: self.mem.state_live,
             layer_buffer_peak_bytes: self.mem.layer_peak,
@@ -561,11 +560,8 @@ impl<'a, D: Device> Rank<'a, D> {
                 let dx = self.mem.read_f32(Buf::DHidden(0), 0, t * h)?;
                 let x = self.mem.read_u32(Buf::Tokens, 0, t)?;
                 let n = plan.groups[0].padded as usize;
-                let mut g = if plan.head_group() == 0 {
-                    self.mem.read_bf16(plan.grad_full(0), 0, n)?
-                } else {
-                    vec![0.0; n]
-                };
+                let mut g =
+                    if plan.head_group() == 0 { self.mem.read_bf16(plan.grad_full(0), 0, n)? } else { vec![0.0; n] };
                 let wpe_at = self.offsets[0][1] as usize;
                 for (i, &tok) in x.iter().enumerate() {
                     let pos = i % d.seq;

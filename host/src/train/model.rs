@@ -135,8 +135,11 @@ pub fn gelu_bwd(dy: &[f32], x: &[f32]) -> Vec<f32> {
         .collect()
 }
 
+// The attention kernels index rows of q, k, v and the probabilities by the
+// same position; iterator chains would obscure the formulas.
 /// Causal multi-head attention over `qkv` (tokens × 3h, per token q|k|v):
 /// returns (output tokens × h, log-sum-exp batch × heads × seq).
+#[allow(clippy::needless_range_loop)]
 pub fn attention(qkv: &[f32], d: &Dims) -> (Vec<f32>, Vec<f32>) {
     let (s, h, nh) = (d.seq, d.hidden, d.heads);
     let hd = h / nh;
@@ -176,6 +179,7 @@ pub fn attention(qkv: &[f32], d: &Dims) -> (Vec<f32>, Vec<f32>) {
 
 /// Attention backward from the output gradient `dout`, recomputing the
 /// probabilities from `qkv` and `lse`; returns dqkv.
+#[allow(clippy::needless_range_loop)]
 pub fn attention_bwd(dout: &[f32], qkv: &[f32], lse: &[f32], d: &Dims) -> Vec<f32> {
     let (s, h, nh) = (d.seq, d.hidden, d.heads);
     let hd = h / nh;

@@ -62,10 +62,13 @@ pub fn swap_policy<D: Device>(alloc: &SharedAllocator<D>, runtime: &Runtime, spe
     Ok(())
 }
 
+/// A rank's trace writer and the first error it met (the writer is dropped then).
+type WriterSlot = Arc<Mutex<(Option<FileTraceWriter>, Option<TraceError>)>>;
+
 /// Writers of the ranks' recorded traces.
 struct Recorder {
     paths: Vec<PathBuf>,
-    writers: Vec<Arc<Mutex<(Option<FileTraceWriter>, Option<TraceError>)>>>,
+    writers: Vec<WriterSlot>,
 }
 
 impl Recorder {
@@ -170,7 +173,8 @@ pub fn train_command<D: Device + 'static>(
     let mut allocators = Vec::with_capacity(ranks);
     for r in 0..ranks {
         let dev = device(r).map_err(|e| anyhow::anyhow!("rank {r}: device: {e}"))?;
-        let resolved = resolve_with(runtime, &opts.policy).with_context(|| format!("cannot load policy `{}`", opts.policy))?;
+        let resolved =
+            resolve_with(runtime, &opts.policy).with_context(|| format!("cannot load policy `{}`", opts.policy))?;
         allocators.push(SharedAllocator::from_resolved(dev, resolved));
     }
     if let Some((_, to)) = &opts.swap_at {
@@ -251,7 +255,12 @@ pub fn train_command<D: Device + 'static>(
     let end = cfg.steps - 1;
     match &opts.swap_at {
         Some((at, to)) if *at > 0 => {
-            phases.push((opts.policy.clone(), 0, at - 1, max(&result.steps[*at as usize - 1], |r| r.peak_reserved_bytes)));
+            phases.push((
+                opts.policy.clone(),
+                0,
+                at - 1,
+                max(&result.steps[*at as usize - 1], |r| r.peak_reserved_bytes),
+            ));
             phases.push((to.clone(), *at, end, max(last, |r| r.peak_reserved_bytes)));
         }
         Some((_, to)) => phases.push((to.clone(), 0, end, max(last, |r| r.peak_reserved_bytes))),
