@@ -284,8 +284,10 @@ struct Common {
     /// Print one JSON object per (trace, policy) instead of text.
     #[arg(long)]
     json: bool,
-    /// Per-call deadline of WebAssembly policies, in milliseconds.
-    #[arg(long, default_value_t = 1.0)]
+    /// Per-call deadline of WebAssembly policies, in milliseconds (the rank
+    /// threads share the cores, so a policy call can wait behind another
+    /// rank's computation: the default is longer than replay's).
+    #[arg(long, default_value_t = 10.0)]
     deadline_ms: f64,
 }
 
