@@ -29,6 +29,7 @@
 pub mod alloc;
 pub mod builtin;
 pub mod comm;
+pub mod ctl;
 pub mod decision;
 pub mod device;
 pub mod plot;
@@ -36,6 +37,7 @@ pub mod plot;
 pub mod policy;
 pub mod replay;
 pub mod report;
+pub mod shadow;
 pub mod synth;
 pub mod trace;
 pub mod types;
