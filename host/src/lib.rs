@@ -30,6 +30,7 @@
 pub mod alloc;
 pub mod builtin;
 pub mod comm;
+pub mod ctl;
 pub mod decision;
 pub mod device;
 pub mod plot;
@@ -37,6 +38,7 @@ pub mod plot;
 pub mod policy;
 pub mod replay;
 pub mod report;
+pub mod shadow;
 pub mod shard;
 pub mod synth;
 pub mod trace;

@@ -19,6 +19,7 @@ use wasmem::device::Device;
 use wasmem::policy::{resolve_with, Limits, Runtime, RuntimeConfig};
 use wasmem::replay::{replay_split, Metrics, ReplayConfig, Split, SplitHook};
 use wasmem::report;
+use wasmem::shadow::{Shadow, ShadowHandle};
 use wasmem::synth::{synth, ModelSpec, Optimizer};
 use wasmem::trace::Event;
 use wasmem::trace::{snapshot, FileTraceWriter, TraceHeader, TraceReader};
@@ -47,6 +48,11 @@ enum Command {
         /// snapshot (for `torch.cuda._memory_viz`); one input only.
         #[arg(long)]
         export_snapshot: Option<PathBuf>,
+        /// Shadow A/B: also feed every event to this policy on a bookkeeping-only
+        /// copy of the allocator, and print its metrics beside the primary's
+        /// (the primary run is unchanged).
+        #[arg(long, value_name = "POLICY")]
+        shadow: Option<String>,
     },
     /// Replay traces under several policies side by side.
     Compare {
@@ -66,6 +72,15 @@ enum Command {
     Policy {
         #[command(subcommand)]
         cmd: PolicyCommand,
+    },
+    /// Talk to a running `wasmem train` over its control socket.
+    Ctl {
+        /// The control socket (default: the only socket in $XDG_RUNTIME_DIR/wasmem,
+        /// or in <tmp>/wasmem-<uid> without XDG_RUNTIME_DIR).
+        #[arg(long, global = true)]
+        socket: Option<PathBuf>,
+        #[command(subcommand)]
+        cmd: CtlCommand,
     },
     /// Synthesize a transformer-training trace (trace v1) from a model description.
     Synth {
@@ -168,6 +183,24 @@ enum PolicyCommand {
         /// Text passed to the policy's `init`.
         #[arg(long, default_value = "")]
         config: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum CtlCommand {
+    /// Replace a role's policy on every rank, from the next decision on.
+    Swap {
+        /// placement, reclamation, eviction, or all (every role POLICY provides).
+        #[arg(value_parser = wasmem::ctl::RoleArg::parse)]
+        role: wasmem::ctl::RoleArg,
+        /// A policy spec, as `--policy` takes it.
+        policy: String,
+    },
+    /// Show the active policies, counters and memory of every rank.
+    Status {
+        /// Print the status as JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -399,6 +432,8 @@ struct RunOut {
     metrics: Metrics,
     samples: Vec<wasmem::replay::Sample>,
     halves: Option<wasmem::replay::Halves>,
+    /// The shadow's metrics and error count (`--shadow`).
+    shadow: Option<(Metrics, u64)>,
 }
 
 /// Options of one replay beyond the common ones.
@@ -408,6 +443,7 @@ struct RunOpts<'a> {
     export: Option<&'a std::path::Path>,
     sample_every: u64,
     swap: Option<&'a (u64, String)>,
+    shadow: Option<&'a str>,
 }
 
 fn run_full(input: &Input, policy: &str, common: &Common, opts: &RunOpts<'_>) -> Result<RunOut> {
@@ -434,6 +470,24 @@ fn run_on<D: Device + 'static>(
 ) -> Result<RunOut> {
     let (progress, export) = (opts.progress, opts.export);
     let reader = input.events()?;
+    let shadow = match opts.shadow {
+        Some(q) => {
+            let dev = SimConfig { capacity: alloc.device().capacity(), ..SimConfig::default() };
+            Some(ShadowHandle::new(Shadow::new(q, policies_for(q, common.deadline_ms)?, dev)))
+        }
+        None => None,
+    };
+    let reader: Box<dyn Iterator<Item = Result<Event, String>> + Send> = match &shadow {
+        Some(h) => {
+            let mut tap = h.tap();
+            Box::new(reader.inspect(move |e| {
+                if let Ok(e) = e {
+                    tap(e)
+                }
+            }))
+        }
+        None => reader,
+    };
     let cfg = ReplayConfig {
         device: SimConfig { capacity: common.device_mem, ..SimConfig::default() },
         record_actions: export.is_some(),
@@ -485,7 +539,8 @@ fn run_on<D: Device + 'static>(
             snap.trace.len()
         );
     }
-    Ok(RunOut { metrics: r.metrics, samples: r.samples, halves })
+    let shadow = shadow.map(|h| (h.metrics(), h.with(|s| s.errors())));
+    Ok(RunOut { metrics: r.metrics, samples: r.samples, halves, shadow })
 }
 
 fn json_line(input: &Input, policy: &str, m: &Metrics) -> Result<String> {
@@ -501,20 +556,40 @@ fn json_line(input: &Input, policy: &str, m: &Metrics) -> Result<String> {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Command::Replay { common, policy, export_snapshot } => {
+        Command::Replay { common, policy, export_snapshot, shadow } => {
             policies_for(&policy, common.deadline_ms)?;
+            if let Some(q) = &shadow {
+                policies_for(q, common.deadline_ms)?;
+            }
             let progress = !common.json && std::io::stderr().is_terminal();
             let ins = inputs(&common)?;
             if export_snapshot.is_some() && ins.len() != 1 {
                 bail!("--export-snapshot takes exactly one input ({} given)", ins.len());
             }
             for t in &ins {
-                let opts = RunOpts { progress, export: export_snapshot.as_deref(), ..RunOpts::default() };
-                let m = run_full(t, &policy, &common, &opts)?.metrics;
+                let opts = RunOpts {
+                    progress,
+                    export: export_snapshot.as_deref(),
+                    shadow: shadow.as_deref(),
+                    ..RunOpts::default()
+                };
+                let out = run_full(t, &policy, &common, &opts)?;
+                let m = out.metrics;
                 if common.json {
-                    println!("{}", json_line(t, &policy, &m)?);
+                    let mut line: serde_json::Value = serde_json::from_str(&json_line(t, &policy, &m)?)?;
+                    if let (Some((sm, errors)), Some(q)) = (&out.shadow, &shadow) {
+                        let mut v = serde_json::to_value(sm)?;
+                        v["policy"] = q.as_str().into();
+                        v["errors"] = (*errors).into();
+                        line["shadow"] = v;
+                    }
+                    println!("{line}");
                 } else {
                     println!("{}", report::summary(&t.name(), &policy, &m));
+                    if let (Some((sm, errors)), Some(q)) = (&out.shadow, &shadow) {
+                        let title = format!("== {} · shadow A/B ({errors} shadow errors) ==", t.name());
+                        println!("{}", wasmem::shadow::side_by_side(&title, (&policy, &m), (q, sm)));
+                    }
                     if let Some(info) = pytorch_figures(t)? {
                         println!("{}", pytorch_line(&info));
                     }
@@ -622,6 +697,30 @@ fn run(cli: Cli) -> Result<()> {
             );
         }
         Command::Train(t) => train(t)?,
+        Command::Ctl { socket, cmd } => {
+            let path = wasmem::ctl::choose_socket(socket.as_deref())?;
+            // A swap may compile a policy before it answers.
+            let timeout = Duration::from_secs(120);
+            match cmd {
+                CtlCommand::Swap { role, policy } => {
+                    let req = wasmem::ctl::Request::Swap { role, policy };
+                    let v = wasmem::ctl::request(&path, &req, timeout)?;
+                    let o: wasmem::ctl::SwapOutcome = serde_json::from_value(v)?;
+                    for ((r, old), new) in o.roles.iter().zip(&o.old).zip(&o.new) {
+                        println!("{r}: {old} → {new} on {} rank(s), from the next decision", o.ranks);
+                    }
+                }
+                CtlCommand::Status { json } => {
+                    let v = wasmem::ctl::request(&path, &wasmem::ctl::Request::Status, timeout)?;
+                    if json {
+                        println!("{v}");
+                    } else {
+                        let s: wasmem::ctl::Status = serde_json::from_value(v)?;
+                        print!("{}", wasmem::ctl::render_status(&s));
+                    }
+                }
+            }
+        }
         Command::Synth { model, output, zero: None, .. } => {
             let spec = model.spec("gpt2-124m")?;
             let events = synth(&spec).map_err(|e| anyhow::anyhow!(e))?;
