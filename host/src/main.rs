@@ -150,6 +150,14 @@ struct TrainArgs {
     /// Record each rank's allocation trace (trace v1; `NAME.rankR.jsonl` per rank).
     #[arg(long)]
     record: Option<PathBuf>,
+    /// Shadow A/B: feed every rank's allocation events to this policy on a
+    /// bookkeeping-only allocator and print its memory beside the primary's.
+    #[arg(long, value_name = "POLICY")]
+    shadow: Option<String>,
+    /// Serve the live-control socket for `wasmem ctl` while training (default
+    /// path: $XDG_RUNTIME_DIR/wasmem/<pid>.sock).
+    #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "")]
+    ctl: Option<PathBuf>,
     /// One JSON object per step and a summary object.
     #[arg(long)]
     json: bool,
@@ -743,12 +751,16 @@ fn train(t: TrainArgs) -> Result<()> {
     let mut config = wasmem::train::TrainConfig::new(spec.clone(), zero, spec.steps);
     config.seed = t.seed;
     config.adam.lr = t.lr;
+    let ctl = t.ctl.map(|p| if p.as_os_str().is_empty() { wasmem::ctl::default_socket_path() } else { p });
     let opts = wasmem::train::run::TrainOptions {
         config,
         policy: t.policy,
         swap_at: t.swap_at,
         record: t.record,
         json: t.json,
+        shadow: t.shadow,
+        ctl,
+        device_capacity: t.device_mem,
     };
     let rt = runtime(t.deadline_ms)?;
     match t.device {
