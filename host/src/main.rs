@@ -328,7 +328,7 @@ struct Common {
     /// Per-call deadline of WebAssembly policies, in milliseconds (the rank
     /// threads share the cores, so a policy call can wait behind another
     /// rank's computation: the default is longer than replay's).
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 50.0)]
     deadline_ms: f64,
 }
 
