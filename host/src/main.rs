@@ -86,10 +86,88 @@ enum Command {
     Synth {
         #[command(flatten)]
         model: ModelArgs,
-        /// Output file (`.jsonl` or `.jsonl.gz`).
+        /// Output file (`.jsonl` or `.jsonl.gz`); with `--ranks N` one file per
+        /// rank (`NAME.rankR.jsonl`) unless `--rank` picks one.
         #[arg(short, long)]
         output: PathBuf,
+        /// Synthesize the ZeRO training plan of this stage (0–3) instead of the
+        /// eager-PyTorch model: the per-rank trace `wasmem train` records.
+        #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
+        zero: Option<u8>,
+        #[command(flatten)]
+        ranks: ZeroArgs,
+        /// With `--zero`: write only this rank's trace (to `--output` itself).
+        #[arg(long)]
+        rank: Option<usize>,
     },
+    /// Train a small GPT with ZeRO sharding on local ranks (one thread each),
+    /// every tensor in the engine's allocator; prints loss and memory per step.
+    Train(TrainArgs),
+}
+
+#[derive(Args, Clone)]
+struct ZeroArgs {
+    /// Data-parallel ranks.
+    #[arg(long, default_value_t = 1)]
+    ranks: usize,
+    /// ZeRO-Offload: fp32 master weights and Adam states in host memory, Adam on the CPU.
+    #[arg(long, value_parser = ["cpu"])]
+    offload: Option<String>,
+    /// Micro-batches per step over all ranks, a multiple of `--ranks`
+    /// (default: train 4 rounded up to a multiple of the ranks, synth one per rank).
+    #[arg(long)]
+    micro_batches: Option<usize>,
+}
+
+impl ZeroArgs {
+    fn config(&self, stage: u8, default_micro: usize) -> Result<wasmem::shard::ZeroConfig> {
+        let z = wasmem::shard::ZeroConfig {
+            stage,
+            ranks: self.ranks,
+            offload: self.offload.is_some(),
+            micro_batches: self.micro_batches.unwrap_or(default_micro),
+        };
+        z.validate().map_err(|e| anyhow::anyhow!(e))?;
+        Ok(z)
+    }
+}
+
+#[derive(Args)]
+struct TrainArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// ZeRO stage: 0 (data parallel), 1 (optimizer states sharded), 2 (+ gradients), 3 (+ parameters).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(0..=3))]
+    zero: u8,
+    #[command(flatten)]
+    ranks: ZeroArgs,
+    /// Policy of every rank's allocator (as for `replay`).
+    #[arg(long, default_value = "lifecycle")]
+    policy: String,
+    /// Hot-swap every rank's policy to POLICY at the start of step STEP (0-based).
+    #[arg(long, value_name = "STEP:POLICY", value_parser = parse_swap)]
+    swap_at: Option<(u64, String)>,
+    /// Record each rank's allocation trace (trace v1; `NAME.rankR.jsonl` per rank).
+    #[arg(long)]
+    record: Option<PathBuf>,
+    /// One JSON object per step and a summary object.
+    #[arg(long)]
+    json: bool,
+    /// Seed of the weights and the synthetic data.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Learning rate of AdamW.
+    #[arg(long, default_value_t = 3e-3)]
+    lr: f32,
+    /// Device backend of every rank: `sim` (host-backed simulation) or `cuda` (GPU 0).
+    #[arg(long, value_enum, default_value_t = DeviceKind::Sim)]
+    device: DeviceKind,
+    /// Simulated device memory per rank.
+    #[arg(long, default_value = "80GiB", value_parser = parse_size)]
+    device_mem: u64,
+    /// Per-call deadline of WebAssembly policies, in milliseconds.
+    #[arg(long, default_value_t = 1.0)]
+    deadline_ms: f64,
 }
 
 #[derive(Subcommand)]
@@ -128,9 +206,10 @@ enum CtlCommand {
 
 #[derive(Args, Clone, Default)]
 struct ModelArgs {
-    /// Preset: gpt2-124m, bert-base, llama-1b, llama-7b.
-    #[arg(long, default_value = "gpt2-124m")]
-    preset: String,
+    /// Preset: gpt2-124m, bert-base, llama-1b, llama-7b, llama-70b, tiny
+    /// (default: gpt2-124m; `train`: tiny).
+    #[arg(long)]
+    preset: Option<String>,
     /// Override: transformer layers.
     #[arg(long)]
     layers: Option<u64>,
@@ -170,10 +249,10 @@ struct ModelArgs {
 }
 
 impl ModelArgs {
-    fn spec(&self) -> Result<ModelSpec> {
-        let mut s = ModelSpec::preset(&self.preset).with_context(|| {
-            format!("unknown preset `{}`: presets are {}", self.preset, ModelSpec::PRESETS.join(", "))
-        })?;
+    fn spec(&self, default: &str) -> Result<ModelSpec> {
+        let preset = self.preset.as_deref().unwrap_or(default);
+        let mut s = ModelSpec::preset(preset)
+            .with_context(|| format!("unknown preset `{preset}`: presets are {}", ModelSpec::PRESETS.join(", ")))?;
         let set = |dst: &mut u64, v: Option<u64>| {
             if let Some(v) = v {
                 *dst = v;
@@ -238,8 +317,10 @@ struct Common {
     /// Print one JSON object per (trace, policy) instead of text.
     #[arg(long)]
     json: bool,
-    /// Per-call deadline of WebAssembly policies, in milliseconds.
-    #[arg(long, default_value_t = 1.0)]
+    /// Per-call deadline of WebAssembly policies, in milliseconds (the rank
+    /// threads share the cores, so a policy call can wait behind another
+    /// rank's computation: the default is longer than replay's).
+    #[arg(long, default_value_t = 10.0)]
     deadline_ms: f64,
 }
 
@@ -291,7 +372,7 @@ impl Input {
                 Box::new(r.map(|e| e.map_err(|e| e.to_string())))
             }
             Input::Synth(preset) => {
-                let spec = ModelArgs { preset: preset.clone(), ..ModelArgs::default() }.spec()?;
+                let spec = ModelArgs { preset: Some(preset.clone()), ..ModelArgs::default() }.spec("gpt2-124m")?;
                 let ev = synth(&spec).map_err(|e| anyhow::anyhow!(e))?;
                 Box::new(ev.into_iter().map(Ok))
             }
@@ -618,8 +699,30 @@ fn run(cli: Cli) -> Result<()> {
                 }
             }
         }
-        Command::Synth { model, output } => {
-            let spec = model.spec()?;
+        Command::Synth { model, output, zero: Some(stage), ranks, rank } => {
+            let spec = model.spec("gpt2-124m")?;
+            let cfg = ranks.config(stage, ranks.ranks)?;
+            if let Some(r) = rank.filter(|&r| r >= cfg.ranks) {
+                bail!("--rank {r} is not a rank of {} ranks", cfg.ranks);
+            }
+            let plan = wasmem::shard::Plan::new(&spec, cfg).map_err(|e| anyhow::anyhow!("invalid ZeRO plan: {e}"))?;
+            let source = format!("wasmem synth --zero {stage}: {cfg:?} {}", serde_json::to_string(&spec)?);
+            let files = wasmem::shard::write_traces(&plan, spec.steps, &output, rank, &source)
+                .with_context(|| format!("cannot write {}", output.display()))?;
+            let s = plan.state_bytes();
+            eprintln!(
+                "wrote {} trace(s) of {} events ({} parameters; model states/rank {} device + {} host) to {}",
+                files.len(),
+                files.first().map_or(0, |f| f.1),
+                plan.parameters(),
+                wasmem::types::human_bytes(s.device()),
+                wasmem::types::human_bytes(s.host),
+                files.first().map_or(output.display().to_string(), |f| f.0.display().to_string()),
+            );
+        }
+        Command::Train(t) => train(t)?,
+        Command::Synth { model, output, zero: None, .. } => {
+            let spec = model.spec("gpt2-124m")?;
             let events = synth(&spec).map_err(|e| anyhow::anyhow!(e))?;
             let header = TraceHeader { source: format!("wasmem synth: {}", serde_json::to_string(&spec)?), ranks: 1 };
             let mut w = FileTraceWriter::create(&output, &header)
@@ -632,6 +735,29 @@ fn run(cli: Cli) -> Result<()> {
         }
     }
     Ok(())
+}
+
+fn train(t: TrainArgs) -> Result<()> {
+    let spec = t.model.spec("tiny")?;
+    let zero = t.ranks.config(t.zero, t.ranks.ranks * 4usize.div_ceil(t.ranks.ranks.max(1)))?;
+    let mut config = wasmem::train::TrainConfig::new(spec.clone(), zero, spec.steps);
+    config.seed = t.seed;
+    config.adam.lr = t.lr;
+    let opts = wasmem::train::run::TrainOptions {
+        config,
+        policy: t.policy,
+        swap_at: t.swap_at,
+        record: t.record,
+        json: t.json,
+    };
+    let rt = runtime(t.deadline_ms)?;
+    match t.device {
+        DeviceKind::Sim => wasmem::train::run::train_command(&opts, rt, |_| {
+            Ok(SimDevice::new(SimConfig { capacity: t.device_mem, host_backed: true, ..SimConfig::default() }))
+        }),
+        DeviceKind::Cuda => wasmem::train::run::train_command(&opts, rt, |_| CudaDevice::new(0))
+            .map_err(|e| anyhow::anyhow!("--device cuda: {e:#}")),
+    }
 }
 
 fn main() -> ExitCode {
