@@ -150,6 +150,14 @@ struct TrainArgs {
     /// Record each rank's allocation trace (trace v1; `NAME.rankR.jsonl` per rank).
     #[arg(long)]
     record: Option<PathBuf>,
+    /// Shadow A/B: feed every rank's allocation events to this policy on a
+    /// bookkeeping-only allocator and print its memory beside the primary's.
+    #[arg(long, value_name = "POLICY")]
+    shadow: Option<String>,
+    /// Serve the live-control socket for `wasmem ctl` while training (default
+    /// path: $XDG_RUNTIME_DIR/wasmem/<pid>.sock).
+    #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "")]
+    ctl: Option<PathBuf>,
     /// One JSON object per step and a summary object.
     #[arg(long)]
     json: bool,
@@ -320,7 +328,7 @@ struct Common {
     /// Per-call deadline of WebAssembly policies, in milliseconds (the rank
     /// threads share the cores, so a policy call can wait behind another
     /// rank's computation: the default is longer than replay's).
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 50.0)]
     deadline_ms: f64,
 }
 
@@ -675,6 +683,28 @@ fn run(cli: Cli) -> Result<()> {
                 bail!("{} failed the conformance suite", file.display());
             }
         }
+        Command::Synth { model, output, zero: Some(stage), ranks, rank } => {
+            let spec = model.spec("gpt2-124m")?;
+            let cfg = ranks.config(stage, ranks.ranks)?;
+            if let Some(r) = rank.filter(|&r| r >= cfg.ranks) {
+                bail!("--rank {r} is not a rank of {} ranks", cfg.ranks);
+            }
+            let plan = wasmem::shard::Plan::new(&spec, cfg).map_err(|e| anyhow::anyhow!("invalid ZeRO plan: {e}"))?;
+            let source = format!("wasmem synth --zero {stage}: {cfg:?} {}", serde_json::to_string(&spec)?);
+            let files = wasmem::shard::write_traces(&plan, spec.steps, &output, rank, &source)
+                .with_context(|| format!("cannot write {}", output.display()))?;
+            let s = plan.state_bytes();
+            eprintln!(
+                "wrote {} trace(s) of {} events ({} parameters; model states/rank {} device + {} host) to {}",
+                files.len(),
+                files.first().map_or(0, |f| f.1),
+                plan.parameters(),
+                wasmem::types::human_bytes(s.device()),
+                wasmem::types::human_bytes(s.host),
+                files.first().map_or(output.display().to_string(), |f| f.0.display().to_string()),
+            );
+        }
+        Command::Train(t) => train(t)?,
         Command::Ctl { socket, cmd } => {
             let path = wasmem::ctl::choose_socket(socket.as_deref())?;
             // A swap may compile a policy before it answers.
@@ -699,28 +729,6 @@ fn run(cli: Cli) -> Result<()> {
                 }
             }
         }
-        Command::Synth { model, output, zero: Some(stage), ranks, rank } => {
-            let spec = model.spec("gpt2-124m")?;
-            let cfg = ranks.config(stage, ranks.ranks)?;
-            if let Some(r) = rank.filter(|&r| r >= cfg.ranks) {
-                bail!("--rank {r} is not a rank of {} ranks", cfg.ranks);
-            }
-            let plan = wasmem::shard::Plan::new(&spec, cfg).map_err(|e| anyhow::anyhow!("invalid ZeRO plan: {e}"))?;
-            let source = format!("wasmem synth --zero {stage}: {cfg:?} {}", serde_json::to_string(&spec)?);
-            let files = wasmem::shard::write_traces(&plan, spec.steps, &output, rank, &source)
-                .with_context(|| format!("cannot write {}", output.display()))?;
-            let s = plan.state_bytes();
-            eprintln!(
-                "wrote {} trace(s) of {} events ({} parameters; model states/rank {} device + {} host) to {}",
-                files.len(),
-                files.first().map_or(0, |f| f.1),
-                plan.parameters(),
-                wasmem::types::human_bytes(s.device()),
-                wasmem::types::human_bytes(s.host),
-                files.first().map_or(output.display().to_string(), |f| f.0.display().to_string()),
-            );
-        }
-        Command::Train(t) => train(t)?,
         Command::Synth { model, output, zero: None, .. } => {
             let spec = model.spec("gpt2-124m")?;
             let events = synth(&spec).map_err(|e| anyhow::anyhow!(e))?;
@@ -743,12 +751,16 @@ fn train(t: TrainArgs) -> Result<()> {
     let mut config = wasmem::train::TrainConfig::new(spec.clone(), zero, spec.steps);
     config.seed = t.seed;
     config.adam.lr = t.lr;
+    let ctl = t.ctl.map(|p| if p.as_os_str().is_empty() { wasmem::ctl::default_socket_path() } else { p });
     let opts = wasmem::train::run::TrainOptions {
         config,
         policy: t.policy,
         swap_at: t.swap_at,
         record: t.record,
         json: t.json,
+        shadow: t.shadow,
+        ctl,
+        device_capacity: t.device_mem,
     };
     let rt = runtime(t.deadline_ms)?;
     match t.device {

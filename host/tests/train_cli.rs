@@ -2,8 +2,14 @@
 
 use std::process::Command;
 
+/// The binary under test (`WASMEM_BIN` overrides cargo's, e.g. a private
+/// copy when several checkouts share one target directory).
+fn bin() -> String {
+    std::env::var("WASMEM_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_wasmem").to_string())
+}
+
 fn wasmem(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_wasmem")).args(args).output().expect("run wasmem");
+    let out = Command::new(bin()).args(args).output().expect("run wasmem");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -158,4 +164,76 @@ fn bad_train_arguments_are_named() {
     let (code, _, err) = wasmem(&["train", "--zero", "4"]);
     assert_ne!(code, 0);
     assert!(err.contains("--zero"), "{err}");
+}
+
+#[test]
+fn the_shadow_of_a_training_run_equals_a_replay_of_its_recording() {
+    let dir = std::env::temp_dir().join(format!("wasmem-train-shadow-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rec = dir.join("rec.jsonl");
+    let mut args = vec!["train", "--ranks", "2", "--zero", "2", "--steps", "3", "--policy", "pytorch", "--json"];
+    args.extend(SMALL);
+    args.extend(["--shadow", "lifecycle", "--record", rec.to_str().unwrap()]);
+    let (code, out, err) = wasmem(&args);
+    assert_eq!(code, 0, "{err}");
+    let summary: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let shadow = &summary["shadow"];
+    assert_eq!(shadow["errors"], 0, "{summary}");
+    let peaks = shadow["peak_reserved_bytes"].as_array().unwrap();
+    assert_eq!(peaks.len(), 2);
+    let step: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(step["shadow_peak_reserved_bytes"].as_array().unwrap().len(), 2);
+    // The shadow decided on exactly the events a replay of the recording sees.
+    let (code, out, err) =
+        wasmem(&["replay", dir.join("rec.rank0.jsonl").to_str().unwrap(), "--policy", "lifecycle", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let replayed: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(replayed["peak_reserved_bytes"], peaks[0]);
+    assert_eq!(replayed["events"], shadow["rank0"]["events"]);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn ctl_swaps_and_reads_a_running_training() {
+    let dir = std::env::temp_dir().join(format!("wasmem-train-ctl-{}", std::process::id()));
+    let sock = dir.join("t.sock");
+    let mut args = vec!["train", "--ranks", "2", "--zero", "3", "--steps", "1000000", "--policy", "pytorch"];
+    args.extend(SMALL);
+    args.extend(["--ctl", sock.to_str().unwrap()]);
+    let mut child = Command::new(bin())
+        .args(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait for the socket (bounded by attempts, not by a clock assertion).
+    let mut ready = false;
+    for _ in 0..600 {
+        if sock.exists() {
+            ready = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let s = sock.to_str().unwrap();
+    let result = std::panic::catch_unwind(|| {
+        assert!(ready, "the control socket did not appear");
+        let (code, out, err) = wasmem(&["ctl", "--socket", s, "status", "--json"]);
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["ranks"].as_array().unwrap().len(), 2, "{v}");
+        assert!(v["step"].is_u64(), "{v}");
+        let (code, out, err) = wasmem(&["ctl", "--socket", s, "swap", "placement", "lifecycle"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("placement: pytorch → lifecycle on 2 rank(s)"), "{out}");
+        let (_, out, _) = wasmem(&["ctl", "--socket", s, "status", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["ranks"][1]["policies"]["placement"], "lifecycle", "{v}");
+    });
+    child.kill().ok();
+    child.wait().ok();
+    std::fs::remove_dir_all(&dir).ok();
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
 }

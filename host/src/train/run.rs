@@ -11,10 +11,12 @@ use anyhow::{bail, Context, Result};
 
 use super::{dry_run, ReportHook, StepHook, StepReport, TrainConfig, Trainer};
 use crate::alloc::Allocator;
+use crate::ctl::{CtlServer, RankControl, ServerOptions};
 use crate::decision::Role;
 use crate::device::sim::{SimConfig, SimDevice};
 use crate::device::{Device, DeviceError};
 use crate::policy::{resolve_with, Resolved, Runtime, SharedAllocator, SwapOptions};
+use crate::shadow::{allocator_metrics, side_by_side, Shadow, ShadowHandle};
 use crate::shard::{rank_path, Plan};
 use crate::trace::{FileTraceWriter, TraceError, TraceHeader};
 use crate::types::human_bytes;
@@ -32,6 +34,13 @@ pub struct TrainOptions {
     pub record: Option<PathBuf>,
     /// One JSON object per step and one summary object instead of text.
     pub json: bool,
+    /// Shadow A/B: feed every rank's events to this policy on a
+    /// bookkeeping-only allocator and report its memory beside the primary's.
+    pub shadow: Option<String>,
+    /// Serve the live-control socket (`wasmem ctl`) here while training.
+    pub ctl: Option<PathBuf>,
+    /// Device capacity of each rank (the shadow's simulated capacity).
+    pub device_capacity: u64,
 }
 
 /// Replaces the roles of `alloc` by those of `spec`: WebAssembly roles
@@ -195,11 +204,48 @@ pub fn train_command<D: Device + 'static>(
         Some(p) => Some(Recorder::create(p, ranks, &source)?),
         None => None,
     };
-    if let Some(rec) = &recorder {
-        for r in 0..ranks {
-            trainer.set_tap(r, rec.tap(r));
+    let shadows: Vec<ShadowHandle> = match &opts.shadow {
+        Some(q) => (0..ranks)
+            .map(|_| {
+                let p = resolve_with(runtime, q).with_context(|| format!("cannot load policy `{q}` (--shadow)"))?;
+                let dev = SimConfig { capacity: opts.device_capacity, ..SimConfig::default() };
+                Ok(ShadowHandle::new(Shadow::new(q, p.policies, dev)))
+            })
+            .collect::<Result<_>>()?,
+        None => Vec::new(),
+    };
+    for r in 0..ranks {
+        let mut taps: Vec<super::EventTap> = Vec::new();
+        if let Some(rec) = &recorder {
+            taps.push(rec.tap(r));
+        }
+        if let Some(h) = shadows.get(r) {
+            taps.push(h.tap());
+        }
+        match taps.len() {
+            0 => {}
+            1 => trainer.set_tap(r, taps.remove(0)),
+            _ => trainer.set_tap(r, Box::new(move |e| taps.iter_mut().for_each(|t| t(e)))),
         }
     }
+    let current_step = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let _server = match &opts.ctl {
+        Some(path) => {
+            let mut control = RankControl::new(trainer.allocators(), runtime.clone());
+            for (r, h) in shadows.iter().enumerate() {
+                control = control.with_shadow(r, h.clone());
+            }
+            let step = current_step.clone();
+            let control = control.with_status_hook(Box::new(move |s| {
+                s.step = Some(step.load(std::sync::atomic::Ordering::Relaxed));
+            }));
+            let server = CtlServer::start(path, control.into_arc(), ServerOptions::default())
+                .with_context(|| format!("cannot serve the control socket {}", path.display()))?;
+            eprintln!("control socket: {} (wasmem ctl --socket {} status)", path.display(), path.display());
+            Some(server)
+        }
+        None => None,
+    };
     if let Some((at, to)) = opts.swap_at.clone() {
         let hook: StepHook<D> = Arc::new(move |_rank, step, alloc| {
             if step == at {
@@ -212,14 +258,22 @@ pub fn train_command<D: Device + 'static>(
         trainer.on_step(hook);
     }
     {
-        let (json, swap) = (opts.json, opts.swap_at.clone());
+        let (json, swap, shadows, step_now) = (opts.json, opts.swap_at.clone(), shadows.clone(), current_step.clone());
         let hook: ReportHook = Arc::new(move |r| {
+            step_now.store(r.step + 1, std::sync::atomic::Ordering::Relaxed);
+            let shadow_peaks: Vec<u64> = shadows.iter().map(|h| h.metrics().peak_reserved_bytes).collect();
             let line = if json {
                 let mut v = serde_json::to_value(r).unwrap_or_default();
                 v["event"] = "step".into();
+                if !shadow_peaks.is_empty() {
+                    v["shadow_peak_reserved_bytes"] = shadow_peaks.into();
+                }
                 v.to_string()
             } else {
                 let mut l = step_line(r);
+                if !shadow_peaks.is_empty() {
+                    l.push_str(&format!("  shadow peak/rank {}", per_rank(&shadow_peaks)));
+                }
                 if let Some((at, to)) = &swap {
                     if r.step == *at {
                         l.push_str(&format!("  ← policy swapped to {to}"));
@@ -232,6 +286,7 @@ pub fn train_command<D: Device + 'static>(
         });
         trainer.on_report(hook);
     }
+    let trainer_allocs = trainer.allocators();
     let result = trainer.run().map_err(|e| anyhow::anyhow!("training failed: {e}"))?;
     let recorded = match recorder {
         Some(r) => r.finish()?,
@@ -302,6 +357,30 @@ pub fn train_command<D: Device + 'static>(
         "phases": phase_json,
         "recorded": recorded.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
     });
+    let mut summary = summary;
+    let shadow_text = match (&opts.shadow, shadows.first()) {
+        (Some(q), Some(h)) => {
+            let primary = trainer_allocs[0].with(|a| allocator_metrics(a));
+            let sm = h.metrics();
+            let errors: u64 = shadows.iter().map(|h| h.with(|s| s.errors())).sum();
+            summary["shadow"] = serde_json::json!({
+                "policy": q,
+                "peak_reserved_bytes": shadows.iter().map(|h| h.metrics().peak_reserved_bytes).collect::<Vec<_>>(),
+                "errors": errors,
+                "rank0": serde_json::to_value(&sm)?,
+            });
+            let primary_label = match &opts.swap_at {
+                Some((at, to)) => format!("{} →{to}@{at}", opts.policy),
+                None => opts.policy.clone(),
+            };
+            Some(side_by_side(
+                &format!("== rank 0 · shadow A/B over the whole run ({errors} shadow errors) =="),
+                (&primary_label, &primary),
+                (q, &sm),
+            ))
+        }
+        _ => None,
+    };
     if opts.json {
         writeln!(out, "{summary}")?;
     } else {
@@ -326,6 +405,9 @@ pub fn train_command<D: Device + 'static>(
         )?;
         for l in &phase_text {
             writeln!(out, "{l}")?;
+        }
+        if let Some(t) = &shadow_text {
+            writeln!(out, "\n{t}")?;
         }
         for p in &recorded {
             writeln!(out, "recorded {}", p.display())?;
