@@ -393,6 +393,12 @@ fn cli_ctl_finds_the_only_socket_of_the_default_directory() {
     let (code, _, err) = ctl(&["ctl", "status"]);
     assert_eq!(code, 1);
     assert!(err.contains("no running wasmem found") && err.contains("--socket"), "{err}");
+    // A socket left by a killed process is skipped.
+    std::fs::DirBuilder::new().mode(0o700).create(&run).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(run.join("050.sock")).unwrap());
+    let (code, _, err) = ctl(&["ctl", "status"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("nobody listens on") && err.contains("050.sock"), "{err}");
     let rs = ranks(1, "lifecycle");
     let first = server(&run.join("100.sock"), &rs, ServerOptions::default());
     let (code, out, err) = ctl(&["ctl", "status"]);
@@ -402,6 +408,7 @@ fn cli_ctl_finds_the_only_socket_of_the_default_directory() {
     let (code, _, err) = ctl(&["ctl", "status"]);
     assert_eq!(code, 1);
     assert!(err.contains("several wasmem sockets") && err.contains("100.sock") && err.contains("200.sock"), "{err}");
+    assert!(!err.contains("050.sock"), "{err}");
     drop(first);
     let (code, out, err) = ctl(&["ctl", "swap", "all", "pytorch"]);
     assert_eq!(code, 0, "{err}");
