@@ -156,8 +156,8 @@ struct TrainArgs {
     shadow: Option<String>,
     /// Serve the live-control socket for `wasmem ctl` while training (default
     /// path: $XDG_RUNTIME_DIR/wasmem/<pid>.sock).
-    #[arg(long, value_name = "SOCKET", num_args = 0..=1, default_missing_value = "")]
-    ctl: Option<PathBuf>,
+    #[arg(long, value_name = "SOCKET", num_args = 0..=1)]
+    ctl: Option<Option<PathBuf>>,
     /// One JSON object per step and a summary object.
     #[arg(long)]
     json: bool,
@@ -754,7 +754,7 @@ fn train(t: TrainArgs) -> Result<()> {
     let mut config = wasmem::train::TrainConfig::new(spec.clone(), zero, spec.steps);
     config.seed = t.seed;
     config.adam.lr = t.lr;
-    let ctl = t.ctl.map(|p| if p.as_os_str().is_empty() { wasmem::ctl::default_socket_path() } else { p });
+    let ctl = t.ctl.map(|p| p.unwrap_or_else(wasmem::ctl::default_socket_path));
     let opts = wasmem::train::run::TrainOptions {
         config,
         policy: t.policy,

@@ -54,6 +54,9 @@ pub struct StepReport {
     pub step: u64,
     /// The shadow's metrics so far ([`Shadow::metrics`]).
     pub shadow: Metrics,
+    /// The same from the shadow allocator's own counters ([`allocator_metrics`]),
+    /// to set beside a primary's.
+    pub allocator: Metrics,
     /// Shadow errors so far.
     pub errors: u64,
 }
@@ -132,7 +135,12 @@ impl Shadow {
             }
         }
         if let Event::Phase { phase: Phase::StepEnd, step } = *ev {
-            let report = StepReport { step, shadow: self.metrics(), errors: self.errors };
+            let report = StepReport {
+                step,
+                shadow: self.metrics(),
+                allocator: allocator_metrics(&self.alloc),
+                errors: self.errors,
+            };
             if let Some(cb) = self.on_step_end.as_mut() {
                 cb(&report);
             }
@@ -382,14 +390,17 @@ mod tests {
         let h = ShadowHandle::new(shadow("pytorch", GIB));
         let seen = Arc::new(Mutex::new(Vec::new()));
         let s2 = seen.clone();
-        h.on_step_end(Box::new(move |r: &StepReport| s2.lock().unwrap().push((r.step, r.shadow.allocs))));
+        h.on_step_end(Box::new(move |r: &StepReport| {
+            assert_eq!(r.allocator.peak_reserved_bytes, r.shadow.peak_reserved_bytes);
+            s2.lock().unwrap().push((r.step, r.shadow.allocs, r.allocator.frees))
+        }));
         let mut tap = h.tap();
         tap(&alloc(1, MIB));
         tap(&Event::Phase { phase: Phase::StepEnd, step: 0 });
         tap(&alloc(2, MIB));
         tap(&free(1));
         tap(&Event::Phase { phase: Phase::StepEnd, step: 1 });
-        assert_eq!(*seen.lock().unwrap(), vec![(0, 1), (1, 2)]);
+        assert_eq!(*seen.lock().unwrap(), vec![(0, 1, 0), (1, 2, 1)]);
         assert_eq!(h.with(|s| s.last_step().map(|r| r.step)), Some(1));
         let st = h.status();
         assert_eq!(st.label, "pytorch");

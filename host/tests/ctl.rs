@@ -373,3 +373,45 @@ fn cli_ctl_swaps_and_reports() {
     assert_eq!(code, 1);
     assert!(err.contains("cannot connect to the control socket") && err.contains("none.sock"), "{err}");
 }
+
+#[test]
+fn cli_ctl_finds_the_only_socket_of_the_default_directory() {
+    let xdg = dir("xdg");
+    let run = xdg.join("wasmem");
+    let ctl = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_wasmem"))
+            .args(args)
+            .env("XDG_RUNTIME_DIR", &xdg)
+            .output()
+            .expect("run wasmem");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, _, err) = ctl(&["ctl", "status"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no running wasmem found") && err.contains("--socket"), "{err}");
+    // A socket left by a killed process is skipped.
+    std::fs::DirBuilder::new().mode(0o700).create(&run).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(run.join("050.sock")).unwrap());
+    let (code, _, err) = ctl(&["ctl", "status"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("nobody listens on") && err.contains("050.sock"), "{err}");
+    let rs = ranks(1, "lifecycle");
+    let first = server(&run.join("100.sock"), &rs, ServerOptions::default());
+    let (code, out, err) = ctl(&["ctl", "status"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("rank 0: placement=lifecycle"), "{out}");
+    let second = server(&run.join("200.sock"), &ranks(1, "naive"), ServerOptions::default());
+    let (code, _, err) = ctl(&["ctl", "status"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("several wasmem sockets") && err.contains("100.sock") && err.contains("200.sock"), "{err}");
+    assert!(!err.contains("050.sock"), "{err}");
+    drop(first);
+    let (code, out, err) = ctl(&["ctl", "swap", "all", "pytorch"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("placement: naive → pytorch on 1 rank(s)"), "{out}");
+    drop(second);
+}

@@ -29,7 +29,9 @@ pub enum ClientError {
     Refused(String),
 }
 
-/// The socket to talk to: `given`, or the only socket in the default directory.
+/// The socket to talk to: `given`, or the only live socket in the default
+/// directory (sockets nobody listens on, left by a process that was killed,
+/// are skipped).
 pub fn choose_socket(given: Option<&Path>) -> Result<PathBuf, ClientError> {
     if let Some(p) = given {
         return Ok(p.to_path_buf());
@@ -43,13 +45,23 @@ pub fn choose_socket(given: Option<&Path>) -> Result<PathBuf, ClientError> {
         .filter(|p| p.extension().is_some_and(|x| x == "sock"))
         .collect();
     socks.sort();
-    match socks.len() {
-        1 => Ok(socks.remove(0)),
-        0 => Err(ClientError::Connect(format!("no running wasmem found in {}; give --socket", dir.display()))),
+    let (mut live, stale): (Vec<PathBuf>, Vec<PathBuf>) =
+        socks.into_iter().partition(|p| UnixStream::connect(p).is_ok());
+    let list = |v: &[PathBuf]| v.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
+    match live.len() {
+        1 => Ok(live.remove(0)),
+        0 if stale.is_empty() => {
+            Err(ClientError::Connect(format!("no running wasmem found in {}; give --socket", dir.display())))
+        }
+        0 => Err(ClientError::Connect(format!(
+            "no running wasmem found in {} (nobody listens on {}); give --socket",
+            dir.display(),
+            list(&stale)
+        ))),
         _ => Err(ClientError::Connect(format!(
             "several wasmem sockets in {}: {}; choose one with --socket",
             dir.display(),
-            socks.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+            list(&live)
         ))),
     }
 }
