@@ -16,6 +16,7 @@
 //! - **tier**: where a tensor's bytes are (device, host, disk).
 //! - **policy**: code that makes decisions (placement, reclamation, eviction);
 //!   built-in native Rust or a WebAssembly component.
+//! - **shard**: one rank's part of a flat layer-group buffer (ZeRO); see [`shard`].
 //! - **decision**: a plain value a policy returns; the engine validates it and
 //!   falls back to the built-in default when it is invalid.
 //!
@@ -29,6 +30,7 @@
 pub mod alloc;
 pub mod builtin;
 pub mod comm;
+pub mod ctl;
 pub mod decision;
 pub mod device;
 pub mod plot;
@@ -36,6 +38,10 @@ pub mod plot;
 pub mod policy;
 pub mod replay;
 pub mod report;
+pub mod shadow;
+pub mod shard;
 pub mod synth;
 pub mod trace;
+#[cfg(feature = "wasm")]
+pub mod train;
 pub mod types;

@@ -19,6 +19,7 @@ use wasmem::device::Device;
 use wasmem::policy::{resolve_with, Limits, Runtime, RuntimeConfig};
 use wasmem::replay::{replay_split, Metrics, ReplayConfig, Split, SplitHook};
 use wasmem::report;
+use wasmem::shadow::{Shadow, ShadowHandle};
 use wasmem::synth::{synth, ModelSpec, Optimizer};
 use wasmem::trace::Event;
 use wasmem::trace::{snapshot, FileTraceWriter, TraceHeader, TraceReader};
@@ -47,6 +48,11 @@ enum Command {
         /// snapshot (for `torch.cuda._memory_viz`); one input only.
         #[arg(long)]
         export_snapshot: Option<PathBuf>,
+        /// Shadow A/B: also feed every event to this policy on a bookkeeping-only
+        /// copy of the allocator, and print its metrics beside the primary's
+        /// (the primary run is unchanged).
+        #[arg(long, value_name = "POLICY")]
+        shadow: Option<String>,
     },
     /// Replay traces under several policies side by side.
     Compare {
@@ -67,14 +73,109 @@ enum Command {
         #[command(subcommand)]
         cmd: PolicyCommand,
     },
+    /// Talk to a running `wasmem train` over its control socket.
+    Ctl {
+        /// The control socket (default: the only socket in $XDG_RUNTIME_DIR/wasmem,
+        /// or in <tmp>/wasmem-<uid> without XDG_RUNTIME_DIR).
+        #[arg(long, global = true)]
+        socket: Option<PathBuf>,
+        #[command(subcommand)]
+        cmd: CtlCommand,
+    },
     /// Synthesize a transformer-training trace (trace v1) from a model description.
     Synth {
         #[command(flatten)]
         model: ModelArgs,
-        /// Output file (`.jsonl` or `.jsonl.gz`).
+        /// Output file (`.jsonl` or `.jsonl.gz`); with `--ranks N` one file per
+        /// rank (`NAME.rankR.jsonl`) unless `--rank` picks one.
         #[arg(short, long)]
         output: PathBuf,
+        /// Synthesize the ZeRO training plan of this stage (0–3) instead of the
+        /// eager-PyTorch model: the per-rank trace `wasmem train` records.
+        #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
+        zero: Option<u8>,
+        #[command(flatten)]
+        ranks: ZeroArgs,
+        /// With `--zero`: write only this rank's trace (to `--output` itself).
+        #[arg(long)]
+        rank: Option<usize>,
     },
+    /// Train a small GPT with ZeRO sharding on local ranks (one thread each),
+    /// every tensor in the engine's allocator; prints loss and memory per step.
+    Train(TrainArgs),
+}
+
+#[derive(Args, Clone)]
+struct ZeroArgs {
+    /// Data-parallel ranks.
+    #[arg(long, default_value_t = 1)]
+    ranks: usize,
+    /// ZeRO-Offload: fp32 master weights and Adam states in host memory, Adam on the CPU.
+    #[arg(long, value_parser = ["cpu"])]
+    offload: Option<String>,
+    /// Micro-batches per step over all ranks, a multiple of `--ranks`
+    /// (default: train 4 rounded up to a multiple of the ranks, synth one per rank).
+    #[arg(long)]
+    micro_batches: Option<usize>,
+}
+
+impl ZeroArgs {
+    fn config(&self, stage: u8, default_micro: usize) -> Result<wasmem::shard::ZeroConfig> {
+        let z = wasmem::shard::ZeroConfig {
+            stage,
+            ranks: self.ranks,
+            offload: self.offload.is_some(),
+            micro_batches: self.micro_batches.unwrap_or(default_micro),
+        };
+        z.validate().map_err(|e| anyhow::anyhow!(e))?;
+        Ok(z)
+    }
+}
+
+#[derive(Args)]
+struct TrainArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// ZeRO stage: 0 (data parallel), 1 (optimizer states sharded), 2 (+ gradients), 3 (+ parameters).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(0..=3))]
+    zero: u8,
+    #[command(flatten)]
+    ranks: ZeroArgs,
+    /// Policy of every rank's allocator (as for `replay`).
+    #[arg(long, default_value = "lifecycle")]
+    policy: String,
+    /// Hot-swap every rank's policy to POLICY at the start of step STEP (0-based).
+    #[arg(long, value_name = "STEP:POLICY", value_parser = parse_swap)]
+    swap_at: Option<(u64, String)>,
+    /// Record each rank's allocation trace (trace v1; `NAME.rankR.jsonl` per rank).
+    #[arg(long)]
+    record: Option<PathBuf>,
+    /// Shadow A/B: feed every rank's allocation events to this policy on a
+    /// bookkeeping-only allocator and print its memory beside the primary's.
+    #[arg(long, value_name = "POLICY")]
+    shadow: Option<String>,
+    /// Serve the live-control socket for `wasmem ctl` while training (default
+    /// path: $XDG_RUNTIME_DIR/wasmem/<pid>.sock).
+    #[arg(long, value_name = "SOCKET", num_args = 0..=1)]
+    ctl: Option<Option<PathBuf>>,
+    /// One JSON object per step and a summary object.
+    #[arg(long)]
+    json: bool,
+    /// Seed of the weights and the synthetic data.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Learning rate of AdamW.
+    #[arg(long, default_value_t = 3e-3)]
+    lr: f32,
+    /// Device backend of every rank: `sim` (host-backed simulation) or `cuda` (GPU 0).
+    #[arg(long, value_enum, default_value_t = DeviceKind::Sim)]
+    device: DeviceKind,
+    /// Simulated device memory per rank.
+    #[arg(long, default_value = "80GiB", value_parser = parse_size)]
+    device_mem: u64,
+    /// Per-call deadline of WebAssembly policies, in milliseconds.
+    #[arg(long, default_value_t = 1.0)]
+    deadline_ms: f64,
 }
 
 #[derive(Subcommand)]
@@ -93,11 +194,30 @@ enum PolicyCommand {
     },
 }
 
+#[derive(Subcommand)]
+enum CtlCommand {
+    /// Replace a role's policy on every rank, from the next decision on.
+    Swap {
+        /// placement, reclamation, eviction, or all (every role POLICY provides).
+        #[arg(value_parser = wasmem::ctl::RoleArg::parse)]
+        role: wasmem::ctl::RoleArg,
+        /// A policy spec, as `--policy` takes it.
+        policy: String,
+    },
+    /// Show the active policies, counters and memory of every rank.
+    Status {
+        /// Print the status as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
 #[derive(Args, Clone, Default)]
 struct ModelArgs {
-    /// Preset: gpt2-124m, bert-base, llama-1b, llama-7b.
-    #[arg(long, default_value = "gpt2-124m")]
-    preset: String,
+    /// Preset: gpt2-124m, bert-base, llama-1b, llama-7b, llama-70b, tiny
+    /// (default: gpt2-124m; `train`: tiny).
+    #[arg(long)]
+    preset: Option<String>,
     /// Override: transformer layers.
     #[arg(long)]
     layers: Option<u64>,
@@ -137,10 +257,10 @@ struct ModelArgs {
 }
 
 impl ModelArgs {
-    fn spec(&self) -> Result<ModelSpec> {
-        let mut s = ModelSpec::preset(&self.preset).with_context(|| {
-            format!("unknown preset `{}`: presets are {}", self.preset, ModelSpec::PRESETS.join(", "))
-        })?;
+    fn spec(&self, default: &str) -> Result<ModelSpec> {
+        let preset = self.preset.as_deref().unwrap_or(default);
+        let mut s = ModelSpec::preset(preset)
+            .with_context(|| format!("unknown preset `{preset}`: presets are {}", ModelSpec::PRESETS.join(", ")))?;
         let set = |dst: &mut u64, v: Option<u64>| {
             if let Some(v) = v {
                 *dst = v;
@@ -205,8 +325,10 @@ struct Common {
     /// Print one JSON object per (trace, policy) instead of text.
     #[arg(long)]
     json: bool,
-    /// Per-call deadline of WebAssembly policies, in milliseconds.
-    #[arg(long, default_value_t = 1.0)]
+    /// Per-call deadline of WebAssembly policies, in milliseconds (the rank
+    /// threads share the cores, so a policy call can wait behind another
+    /// rank's computation: the default is longer than replay's).
+    #[arg(long, default_value_t = 50.0)]
     deadline_ms: f64,
 }
 
@@ -258,7 +380,7 @@ impl Input {
                 Box::new(r.map(|e| e.map_err(|e| e.to_string())))
             }
             Input::Synth(preset) => {
-                let spec = ModelArgs { preset: preset.clone(), ..ModelArgs::default() }.spec()?;
+                let spec = ModelArgs { preset: Some(preset.clone()), ..ModelArgs::default() }.spec("gpt2-124m")?;
                 let ev = synth(&spec).map_err(|e| anyhow::anyhow!(e))?;
                 Box::new(ev.into_iter().map(Ok))
             }
@@ -318,6 +440,8 @@ struct RunOut {
     metrics: Metrics,
     samples: Vec<wasmem::replay::Sample>,
     halves: Option<wasmem::replay::Halves>,
+    /// The shadow's metrics and error count (`--shadow`).
+    shadow: Option<(Metrics, u64)>,
 }
 
 /// Options of one replay beyond the common ones.
@@ -327,6 +451,7 @@ struct RunOpts<'a> {
     export: Option<&'a std::path::Path>,
     sample_every: u64,
     swap: Option<&'a (u64, String)>,
+    shadow: Option<&'a str>,
 }
 
 fn run_full(input: &Input, policy: &str, common: &Common, opts: &RunOpts<'_>) -> Result<RunOut> {
@@ -353,6 +478,24 @@ fn run_on<D: Device + 'static>(
 ) -> Result<RunOut> {
     let (progress, export) = (opts.progress, opts.export);
     let reader = input.events()?;
+    let shadow = match opts.shadow {
+        Some(q) => {
+            let dev = SimConfig { capacity: alloc.device().capacity(), ..SimConfig::default() };
+            Some(ShadowHandle::new(Shadow::new(q, policies_for(q, common.deadline_ms)?, dev)))
+        }
+        None => None,
+    };
+    let reader: Box<dyn Iterator<Item = Result<Event, String>> + Send> = match &shadow {
+        Some(h) => {
+            let mut tap = h.tap();
+            Box::new(reader.inspect(move |e| {
+                if let Ok(e) = e {
+                    tap(e)
+                }
+            }))
+        }
+        None => reader,
+    };
     let cfg = ReplayConfig {
         device: SimConfig { capacity: common.device_mem, ..SimConfig::default() },
         record_actions: export.is_some(),
@@ -404,7 +547,8 @@ fn run_on<D: Device + 'static>(
             snap.trace.len()
         );
     }
-    Ok(RunOut { metrics: r.metrics, samples: r.samples, halves })
+    let shadow = shadow.map(|h| (h.metrics(), h.with(|s| s.errors())));
+    Ok(RunOut { metrics: r.metrics, samples: r.samples, halves, shadow })
 }
 
 fn json_line(input: &Input, policy: &str, m: &Metrics) -> Result<String> {
@@ -420,20 +564,40 @@ fn json_line(input: &Input, policy: &str, m: &Metrics) -> Result<String> {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Command::Replay { common, policy, export_snapshot } => {
+        Command::Replay { common, policy, export_snapshot, shadow } => {
             policies_for(&policy, common.deadline_ms)?;
+            if let Some(q) = &shadow {
+                policies_for(q, common.deadline_ms)?;
+            }
             let progress = !common.json && std::io::stderr().is_terminal();
             let ins = inputs(&common)?;
             if export_snapshot.is_some() && ins.len() != 1 {
                 bail!("--export-snapshot takes exactly one input ({} given)", ins.len());
             }
             for t in &ins {
-                let opts = RunOpts { progress, export: export_snapshot.as_deref(), ..RunOpts::default() };
-                let m = run_full(t, &policy, &common, &opts)?.metrics;
+                let opts = RunOpts {
+                    progress,
+                    export: export_snapshot.as_deref(),
+                    shadow: shadow.as_deref(),
+                    ..RunOpts::default()
+                };
+                let out = run_full(t, &policy, &common, &opts)?;
+                let m = out.metrics;
                 if common.json {
-                    println!("{}", json_line(t, &policy, &m)?);
+                    let mut line: serde_json::Value = serde_json::from_str(&json_line(t, &policy, &m)?)?;
+                    if let (Some((sm, errors)), Some(q)) = (&out.shadow, &shadow) {
+                        let mut v = serde_json::to_value(sm)?;
+                        v["policy"] = q.as_str().into();
+                        v["errors"] = (*errors).into();
+                        line["shadow"] = v;
+                    }
+                    println!("{line}");
                 } else {
                     println!("{}", report::summary(&t.name(), &policy, &m));
+                    if let (Some((sm, errors)), Some(q)) = (&out.shadow, &shadow) {
+                        let title = format!("== {} · shadow A/B ({errors} shadow errors) ==", t.name());
+                        println!("{}", wasmem::shadow::side_by_side(&title, (&policy, &m), (q, sm)));
+                    }
                     if let Some(info) = pytorch_figures(t)? {
                         println!("{}", pytorch_line(&info));
                     }
@@ -519,8 +683,57 @@ fn run(cli: Cli) -> Result<()> {
                 bail!("{} failed the conformance suite", file.display());
             }
         }
-        Command::Synth { model, output } => {
-            let spec = model.spec()?;
+        Command::Synth { model, output, zero: Some(stage), ranks, rank } => {
+            let spec = model.spec("gpt2-124m")?;
+            let cfg = ranks.config(stage, ranks.ranks)?;
+            if let Some(r) = rank.filter(|&r| r >= cfg.ranks) {
+                bail!("--rank {r} is not a rank of {} ranks", cfg.ranks);
+            }
+            let plan = wasmem::shard::Plan::new(&spec, cfg).map_err(|e| anyhow::anyhow!("invalid ZeRO plan: {e}"))?;
+            let source = format!("wasmem synth --zero {stage}: {cfg:?} {}", serde_json::to_string(&spec)?);
+            let files = wasmem::shard::write_traces(&plan, spec.steps, &output, rank, &source)
+                .with_context(|| format!("cannot write {}", output.display()))?;
+            let s = plan.state_bytes();
+            eprintln!(
+                "wrote {} trace(s) of {} events ({} parameters; model states/rank {} device + {} host) to {}",
+                files.len(),
+                files.first().map_or(0, |f| f.1),
+                plan.parameters(),
+                wasmem::types::human_bytes(s.device()),
+                wasmem::types::human_bytes(s.host),
+                files.first().map_or(output.display().to_string(), |f| f.0.display().to_string()),
+            );
+        }
+        Command::Train(t) => train(t)?,
+        Command::Ctl { socket, cmd } => {
+            let path = wasmem::ctl::choose_socket(socket.as_deref())?;
+            // A swap may compile a policy before it answers.
+            let timeout = Duration::from_secs(120);
+            match cmd {
+                CtlCommand::Swap { role, policy } => {
+                    let req = wasmem::ctl::Request::Swap { role, policy };
+                    let v = wasmem::ctl::request(&path, &req, timeout)?;
+                    let o: wasmem::ctl::SwapOutcome = serde_json::from_value(v)?;
+                    for ((r, old), new) in o.roles.iter().zip(&o.old).zip(&o.new) {
+                        println!("{r}: {old} → {new} on {} rank(s), from the next decision", o.ranks);
+                    }
+                }
+                CtlCommand::Status { json } => {
+                    let v = wasmem::ctl::request(&path, &wasmem::ctl::Request::Status, timeout)?;
+                    if json {
+                        println!("{v}");
+                    } else {
+                        let s: wasmem::ctl::Status = serde_json::from_value(v)?;
+                        print!("{}", wasmem::ctl::render_status(&s));
+                    }
+                }
+            }
+        }
+        Command::Synth { model, output, zero: None, ranks, rank } => {
+            if ranks.ranks != 1 || ranks.offload.is_some() || ranks.micro_batches.is_some() || rank.is_some() {
+                bail!("--ranks, --rank, --offload and --micro-batches describe a ZeRO plan: add --zero STAGE");
+            }
+            let spec = model.spec("gpt2-124m")?;
             let events = synth(&spec).map_err(|e| anyhow::anyhow!(e))?;
             let header = TraceHeader { source: format!("wasmem synth: {}", serde_json::to_string(&spec)?), ranks: 1 };
             let mut w = FileTraceWriter::create(&output, &header)
@@ -533,6 +746,33 @@ fn run(cli: Cli) -> Result<()> {
         }
     }
     Ok(())
+}
+
+fn train(t: TrainArgs) -> Result<()> {
+    let spec = t.model.spec("tiny")?;
+    let zero = t.ranks.config(t.zero, t.ranks.ranks * 4usize.div_ceil(t.ranks.ranks.max(1)))?;
+    let mut config = wasmem::train::TrainConfig::new(spec.clone(), zero, spec.steps);
+    config.seed = t.seed;
+    config.adam.lr = t.lr;
+    let ctl = t.ctl.map(|p| p.unwrap_or_else(wasmem::ctl::default_socket_path));
+    let opts = wasmem::train::run::TrainOptions {
+        config,
+        policy: t.policy,
+        swap_at: t.swap_at,
+        record: t.record,
+        json: t.json,
+        shadow: t.shadow,
+        ctl,
+        device_capacity: t.device_mem,
+    };
+    let rt = runtime(t.deadline_ms)?;
+    match t.device {
+        DeviceKind::Sim => wasmem::train::run::train_command(&opts, rt, |_| {
+            Ok(SimDevice::new(SimConfig { capacity: t.device_mem, host_backed: true, ..SimConfig::default() }))
+        }),
+        DeviceKind::Cuda => wasmem::train::run::train_command(&opts, rt, |_| CudaDevice::new(0))
+            .map_err(|e| anyhow::anyhow!("--device cuda: {e:#}")),
+    }
 }
 
 fn main() -> ExitCode {

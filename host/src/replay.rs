@@ -328,7 +328,8 @@ where
     Ok((Replay { metrics: m, samples, allocator: alloc }, halves))
 }
 
-fn fill<D: Device>(m: &mut Metrics, s: &Stats, dev: &D, pauses: &PauseHistogram) {
+/// Fills the allocator-derived keys of `m` (everything but the event counts and timing).
+pub(crate) fn fill<D: Device>(m: &mut Metrics, s: &Stats, dev: &D, pauses: &PauseHistogram) {
     m.deferred_frees = s.deferred_frees;
     m.gc_pauses = s.gc_pauses;
     m.gc_pause_us_p50 = pauses.quantile(0.5);

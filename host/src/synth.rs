@@ -80,7 +80,7 @@ pub struct ModelSpec {
 
 impl ModelSpec {
     /// Built-in presets.
-    pub const PRESETS: [&'static str; 4] = ["gpt2-124m", "bert-base", "llama-1b", "llama-7b"];
+    pub const PRESETS: [&'static str; 6] = ["gpt2-124m", "bert-base", "llama-1b", "llama-7b", "llama-70b", "tiny"];
 
     /// A preset by name.
     pub fn preset(name: &str) -> Option<Self> {
@@ -136,6 +136,37 @@ impl ModelSpec {
                 tied: false,
                 ..base
             },
+            "llama-70b" => ModelSpec {
+                arch: Arch::Llama,
+                layers: 80,
+                hidden: 8192,
+                heads: 64,
+                kv_heads: 8,
+                intermediate: 28672,
+                vocab: 128256,
+                seq: 4096,
+                batch: 1,
+                dtype_bytes: 2,
+                master_weights: true,
+                checkpointing: true,
+                tied: false,
+                ..base
+            },
+            // The trainer's demo model (`wasmem train`): a small GPT trained
+            // in bf16 with fp32 master weights.
+            "tiny" => ModelSpec {
+                layers: 4,
+                hidden: 128,
+                heads: 4,
+                kv_heads: 4,
+                intermediate: 512,
+                vocab: 256,
+                seq: 32,
+                batch: 4,
+                dtype_bytes: 2,
+                master_weights: true,
+                ..base
+            },
             _ => return None,
         })
     }
@@ -182,7 +213,7 @@ impl ModelSpec {
         let kv = self.kv_heads * (h / self.heads);
         let mut p = vec![v * h];
         if self.arch != Arch::Llama {
-            p.push(self.seq.max(512) * h); // learned positions
+            p.push(self.seq * h); // learned positions (one per position of the sequence)
         }
         if self.arch == Arch::Bert {
             p.extend([2 * h, h, h]); // token types, embedding LayerNorm
@@ -195,7 +226,8 @@ impl ModelSpec {
             }
         }
         match self.arch {
-            Arch::Gpt2 | Arch::Llama => p.push(h),
+            Arch::Gpt2 => p.extend([h, h]), // final LayerNorm weight and bias
+            Arch::Llama => p.push(h),
             Arch::Bert => p.extend([h * h, h, h, h, v]),
         }
         if !self.tied {
@@ -205,7 +237,7 @@ impl ModelSpec {
     }
 
     /// (parameter tensors before the first layer, parameter tensors per layer).
-    fn layout(&self) -> (usize, usize) {
+    pub fn layout(&self) -> (usize, usize) {
         match self.arch {
             Arch::Gpt2 => (2, 12),
             Arch::Bert => (5, 16),
@@ -247,7 +279,7 @@ impl Gen {
 }
 
 /// Activations one layer saves for backward, as byte sizes.
-fn layer_saved(s: &ModelSpec) -> Vec<u64> {
+pub(crate) fn layer_saved(s: &ModelSpec) -> Vec<u64> {
     let e = s.dtype_bytes;
     let tokens = s.batch * s.seq;
     let bsh = tokens * s.hidden * e;
@@ -419,6 +451,8 @@ mod tests {
                 "gpt2-124m" => 124_439_808.0,
                 "bert-base" => 110_000_000.0,
                 "llama-1b" => 1_240_000_000.0,
+                "llama-70b" => 70_550_000_000.0,
+                "tiny" => 830_000.0,
                 _ => 6_740_000_000.0,
             };
             let rel = (n as f64 - expect).abs() / expect;

@@ -1,0 +1,166 @@
+//! Shadow A/B: a shadow fed a run's events reports exactly what a replay of
+//! those events with the shadow policy reports, and never changes the
+//! primary run (library and `wasmem replay --shadow`).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use wasmem::builtin;
+use wasmem::device::sim::SimConfig;
+use wasmem::replay::{replay, Metrics, ReplayConfig};
+use wasmem::shadow::{Shadow, ShadowHandle};
+use wasmem::synth::{synth, ModelSpec};
+use wasmem::trace::Event;
+use wasmem::types::GIB;
+
+fn untimed(mut m: Metrics) -> Metrics {
+    m.wall_seconds = 0.0;
+    m.events_per_second = 0.0;
+    m
+}
+
+fn synth_events(preset: &str) -> Vec<Event> {
+    synth(&ModelSpec::preset(preset).unwrap()).unwrap()
+}
+
+/// Shared sample traces, when the folder exists (a message otherwise).
+fn shared_traces() -> Vec<PathBuf> {
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces");
+    let Ok(rd) = std::fs::read_dir(&d) else {
+        eprintln!("skipping the shared traces: {} not found", d.display());
+        return vec![];
+    };
+    let mut v: Vec<PathBuf> =
+        rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.to_string_lossy().ends_with(".jsonl.gz")).collect();
+    v.sort();
+    v
+}
+
+/// Replays `events` with `primary` while a shadow with `shadow` watches;
+/// returns (primary metrics, shadow metrics, shadow errors).
+fn with_shadow(events: &[Event], primary: &str, shadow: &str, capacity: u64) -> (Metrics, Metrics, u64) {
+    let cfg = ReplayConfig { device: SimConfig { capacity, ..SimConfig::default() }, ..ReplayConfig::default() };
+    let h = ShadowHandle::new(Shadow::new(shadow, builtin::by_name(shadow).unwrap(), cfg.device));
+    let mut tap = h.tap();
+    let fed = events.iter().map(|e| {
+        tap(e);
+        Ok::<_, String>(*e)
+    });
+    let p = replay(fed, builtin::by_name(primary).unwrap(), &cfg).unwrap();
+    h.with(|s| s.allocator().check_invariants()).unwrap();
+    (p.metrics, h.metrics(), h.with(|s| s.errors()))
+}
+
+fn alone(events: &[Event], policy: &str, capacity: u64) -> Metrics {
+    let cfg = ReplayConfig { device: SimConfig { capacity, ..SimConfig::default() }, ..ReplayConfig::default() };
+    replay(events.iter().map(|e| Ok::<_, String>(*e)), builtin::by_name(policy).unwrap(), &cfg).unwrap().metrics
+}
+
+#[test]
+fn shadow_equals_a_standalone_replay_and_leaves_the_primary_alone() {
+    let mut workloads: Vec<(String, Vec<Event>)> =
+        ["gpt2-124m", "bert-base"].iter().map(|p| (format!("synth:{p}"), synth_events(p))).collect();
+    for t in shared_traces() {
+        let (_, ev) = wasmem::trace::read_file(&t).unwrap();
+        workloads.push((t.display().to_string(), ev));
+    }
+    let pairs = [("pytorch", "lifecycle"), ("lifecycle", "naive"), ("naive", "pytorch")];
+    for (name, events) in &workloads {
+        // 80 GiB: everything fits; 9 GiB: some policies run out of memory.
+        for capacity in [80 * GIB, 9 * GIB] {
+            for (p, q) in pairs {
+                let (pm, sm, errors) = with_shadow(events, p, q, capacity);
+                assert_eq!(errors, 0, "{name}");
+                assert_eq!(untimed(sm), untimed(alone(events, q, capacity)), "{name}: shadow {q} ≠ replay {q}");
+                assert_eq!(untimed(pm), untimed(alone(events, p, capacity)), "{name}: {p} changed by a shadow");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_failing_shadow_never_reaches_the_primary() {
+    let events = synth_events("gpt2-124m");
+    // The shadow is fed the run's events plus garbage, on a device far too
+    // small: it runs out of memory and counts errors; the primary does not notice.
+    let cfg = ReplayConfig::default();
+    let tiny = SimConfig { capacity: GIB, ..SimConfig::default() };
+    let h = ShadowHandle::new(Shadow::new("pytorch", builtin::by_name("pytorch").unwrap(), tiny));
+    let mut tap = h.tap();
+    let fed = events.iter().map(|e| {
+        tap(&Event::Free { id: u64::MAX, t_us: None });
+        tap(e);
+        Ok::<_, String>(*e)
+    });
+    let p = replay(fed, builtin::by_name("lifecycle").unwrap(), &cfg).unwrap();
+    assert_eq!(untimed(p.metrics), untimed(alone(&events, "lifecycle", 80 * GIB)));
+    let (sm, errors) = (h.metrics(), h.with(|s| s.errors()));
+    assert_eq!(errors, events.len() as u64);
+    assert!(sm.ooms > 0, "{sm:?}");
+    assert_eq!(sm.device_capacity_bytes, GIB);
+}
+
+fn wasmem(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_wasmem")).args(args).output().expect("run wasmem");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn json(stdout: &str) -> serde_json::Value {
+    serde_json::from_str(stdout.trim()).expect("one JSON object")
+}
+
+/// A metrics object without timing and labels.
+fn core(v: &serde_json::Value) -> serde_json::Value {
+    let mut v = v.clone();
+    let o = v.as_object_mut().unwrap();
+    for k in ["wall_seconds", "events_per_second", "policy", "trace", "shadow", "errors"] {
+        o.remove(k);
+    }
+    v
+}
+
+fn shipped(name: &str) -> bool {
+    let found = wasmem::policy::shipped_candidates(name).iter().any(|p| p.is_file());
+    if !found {
+        eprintln!("skipping {name}: not built (bash policies/build.sh)");
+    }
+    found
+}
+
+#[test]
+fn cli_shadow_prints_what_a_replay_of_the_shadow_policy_prints() {
+    let mut pairs = vec![("pytorch", "lifecycle"), ("lifecycle", "naive")];
+    if shipped("pytorch-like") && shipped("lru-evict") {
+        pairs.push(("pytorch", "pytorch-like+lru-evict"));
+        pairs.push(("pytorch-like", "lifecycle"));
+    }
+    for (p, q) in pairs {
+        for mem in ["80GiB", "9GiB"] {
+            let base = ["replay", "--synth", "gpt2-124m", "--device-mem", mem, "--json"];
+            let (code, out, err) = wasmem(&[&base[..], &["--policy", p, "--shadow", q]].concat());
+            assert_eq!(code, 0, "{err}");
+            let both = json(&out);
+            let shadow = &both["shadow"];
+            assert_eq!(shadow["policy"], q);
+            assert_eq!(shadow["errors"], 0);
+            let (code, out_q, err) = wasmem(&[&base[..], &["--policy", q]].concat());
+            assert_eq!(code, 0, "{err}");
+            assert_eq!(core(shadow), core(&json(&out_q)), "--shadow {q} ≠ replay --policy {q} ({mem})");
+            let (code, out_p, err) = wasmem(&[&base[..], &["--policy", p]].concat());
+            assert_eq!(code, 0, "{err}");
+            assert_eq!(core(&both), core(&json(&out_p)), "--shadow changed the primary {p} ({mem})");
+        }
+    }
+    // Text: both columns side by side.
+    let (code, out, err) = wasmem(&["replay", "--synth", "bert-base", "--policy", "pytorch", "--shadow", "naive"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("shadow A/B") && out.contains("shadow:naive") && out.contains("peak_reserved_bytes"), "{out}");
+    // A shadow that does not load is an error before anything runs.
+    let (code, _, err) = wasmem(&["replay", "--synth", "bert-base", "--shadow", "no-such-policy"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no-such-policy"), "{err}");
+}
