@@ -11,7 +11,8 @@
 #                                       #   run the PyTorch example (examples/pytorch) when
 #                                       #   /opt/torch/.venv/bin/python3 (or $WASMEM_TORCH_PYTHON) exists,
 #                                       #   run the NCCL check (one rank per GPU, all of them, through
-#                                       #   the launcher environment and the TCP unique-id exchange)
+#                                       #   the launcher environment and the TCP unique-id exchange),
+#                                       #   run `wasmem train --device cuda` against the sim (equal losses)
 #
 # Writes the benchmark table to stdout, and when $OUT is set:
 #   $OUT/gpu-check.json  (the table as JSON; the PyTorch comparison under `pytorch_example`),
@@ -73,6 +74,14 @@ build() {
         exit 2
     fi
     CAPI_LIB=$(grep '"name":"wasmem_capi"' "$json" | grep -o '"[^"]*/libwasmem_capi\.so"' | tail -1 | tr -d '"')
+    say "building (cargo build --release -p wasmem --bin wasmem $*) ..."
+    # shellcheck disable=SC2068
+    if ! cargo build --release -p wasmem --bin wasmem $@ --message-format=json-render-diagnostics >"$json"; then
+        rm -f "$json"
+        say "build of the wasmem CLI failed"
+        exit 2
+    fi
+    WASMEM_BIN=$(grep '"name":"wasmem"' "$json" | grep '"kind":\["bin"\]' | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
     rm -f "$json"
     if [ ! -x "$TEST_BIN" ] || [ ! -x "$BENCH_BIN" ] || [ ! -f "$CAPI_LIB" ]; then
         say "build finished but the binaries were not found (test: '$TEST_BIN', bench: '$BENCH_BIN', lib: '$CAPI_LIB')"
@@ -83,12 +92,14 @@ build() {
 
 if [ "$MODE" = prepare ]; then
     build
+    rm -rf "$PREP"
     mkdir -p "$PREP"
+    cp "$WASMEM_BIN" "$PREP/wasmem"
     cp "$TEST_BIN" "$PREP/cuda_device"
     cp "$BENCH_BIN" "$PREP/gpu_bench"
     cp "$NCCL_BIN" "$PREP/nccl_check"
     cp "$CAPI_LIB" "$PREP/libwasmem_capi.so"
-    if command -v strip >/dev/null 2>&1; then strip "$PREP/cuda_device" "$PREP/gpu_bench" "$PREP/nccl_check" "$PREP/libwasmem_capi.so"; fi
+    if command -v strip >/dev/null 2>&1; then strip "$PREP/cuda_device" "$PREP/gpu_bench" "$PREP/nccl_check" "$PREP/wasmem" "$PREP/libwasmem_capi.so"; fi
     if command -v nm >/dev/null 2>&1; then
         say "libwasmem_capi.so exports: $(nm -D --defined-only "$PREP/libwasmem_capi.so" | awk '{print $NF}' | tr '\n' ' ')"
     fi
@@ -112,6 +123,7 @@ if [ "${WASMEM_GPU_CHECK_BUILD:-0}" != 1 ] && [ -x "$PREP/cuda_device" ] && [ -x
     TEST_BIN="$PREP/cuda_device"
     BENCH_BIN="$PREP/gpu_bench"
     NCCL_BIN="$PREP/nccl_check"
+    WASMEM_BIN="$PREP/wasmem"
     CAPI_LIB="$PREP/libwasmem_capi.so"
     say "using prepared binaries in target/gpu-check/ ($(tr '\n' ';' <"$PREP/BUILD_INFO" 2>/dev/null))"
 else
@@ -162,6 +174,17 @@ else
         1) torch_status="FAILED: the losses differ" ;;
         124) torch_status="FAILED: timed out" ;;
         *) torch_status="FAILED (rc $torch_rc)" ;;
+    esac
+fi
+# 4b. The same with the `defrag` policy set (paged segments through the VMM API, stitching).
+if [ "$torch_rc" = 0 ] && [ -x "$TORCH_PY" ] && [ -f "${CAPI_LIB:-}" ]; then
+    say "running the PyTorch example with --policy defrag"
+    mkdir -p "$TORCH_OUT/defrag"
+    timeout 200 "$TORCH_PY" examples/pytorch/train.py --compare --policy defrag --lib "$CAPI_LIB" --out "$TORCH_OUT/defrag" 2>&1 | log pytorch-defrag.log
+    torch_rc=$?
+    case $torch_rc in
+        0) torch_status="$torch_status; with defrag: losses match" ;;
+        *) torch_status="$torch_status; with defrag: FAILED (rc $torch_rc)" ;;
     esac
 fi
 say "PyTorch example: $torch_status"
@@ -220,6 +243,30 @@ else
 fi
 say "NCCL check: $nccl_status"
 
-say "tests: $([ $tests_rc = 0 ] && echo passed || echo "FAILED (rc $tests_rc)"); benchmark: $([ $bench_rc = 0 ] && echo done || echo "FAILED (rc $bench_rc)"); PyTorch example: $torch_status; NCCL: $nccl_status"
-[ $tests_rc = 0 ] && [ $bench_rc = 0 ] && [ $torch_rc = 0 ] && [ $nccl_rc = 0 ] || exit 1
+# 6. `wasmem train --device cuda`: ZeRO-0 and ZeRO-3 on 4 ranks with every tensor in GPU
+# memory (compute on the CPU): the losses must equal the sim device's, bit for bit.
+train_rc=0
+if [ -x "${WASMEM_BIN:-}" ]; then
+    TRAIN_OUT=${LOGDIR:+$LOGDIR/train}
+    TRAIN_OUT=${TRAIN_OUT:-$(mktemp -d)}
+    mkdir -p "$TRAIN_OUT"
+    for z in 0 3; do
+        for dev in cuda sim; do
+            timeout 200 "$WASMEM_BIN" train --device $dev --ranks 4 --zero $z --policy defrag --steps 12 --json \
+                >"$TRAIN_OUT/$dev-z$z.jsonl" 2>"$TRAIN_OUT/$dev-z$z.err" || train_rc=$?
+        done
+        if ! cmp -s <(grep -o '"loss":[^,]*' "$TRAIN_OUT/cuda-z$z.jsonl") <(grep -o '"loss":[^,]*' "$TRAIN_OUT/sim-z$z.jsonl") \
+            || ! grep -q '"loss"' "$TRAIN_OUT/cuda-z$z.jsonl"; then
+            say "train ZeRO-$z: the cuda losses differ from the sim losses (or none were printed)"
+            train_rc=1
+        fi
+    done
+    train_status=$([ $train_rc = 0 ] && echo "ZeRO-0 and ZeRO-3 on cuda: losses equal the sim's" || echo "FAILED (rc $train_rc; see train/*.err)")
+else
+    train_status="skipped: wasmem CLI not built"
+fi
+say "train on cuda: $train_status"
+
+say "tests: $([ $tests_rc = 0 ] && echo passed || echo "FAILED (rc $tests_rc)"); benchmark: $([ $bench_rc = 0 ] && echo done || echo "FAILED (rc $bench_rc)"); PyTorch example: $torch_status; NCCL: $nccl_status; train: $train_status"
+[ $tests_rc = 0 ] && [ $bench_rc = 0 ] && [ $torch_rc = 0 ] && [ $nccl_rc = 0 ] && [ $train_rc = 0 ] || exit 1
 exit 0
