@@ -37,5 +37,6 @@ pub mod policy;
 pub mod replay;
 pub mod report;
 pub mod synth;
+pub mod tier;
 pub mod trace;
 pub mod types;

@@ -20,6 +20,7 @@ use wasmem::policy::{resolve_with, Limits, Runtime, RuntimeConfig};
 use wasmem::replay::{replay_split, Metrics, ReplayConfig, Split, SplitHook};
 use wasmem::report;
 use wasmem::synth::{synth, ModelSpec, Optimizer};
+use wasmem::tier::TierConfig;
 use wasmem::trace::Event;
 use wasmem::trace::{snapshot, FileTraceWriter, TraceHeader, TraceReader};
 use wasmem::types::parse_size;
@@ -208,6 +209,57 @@ struct Common {
     /// Per-call deadline of WebAssembly policies, in milliseconds.
     #[arg(long, default_value_t = 1.0)]
     deadline_ms: f64,
+    #[command(flatten)]
+    tiers: TierArgs,
+}
+
+/// Host and disk tiers of a replay (eviction instead of OOM, prefetch).
+#[derive(Args, Clone)]
+struct TierArgs {
+    /// Do not evict to host or disk: a request the device cannot serve is an OOM.
+    #[arg(long)]
+    no_offload: bool,
+    /// Host-tier capacity (pinned host memory).
+    #[arg(long, default_value = "1TiB", value_parser = parse_size)]
+    host_mem: u64,
+    /// Device-host copy bandwidth in GB/s.
+    #[arg(long, default_value_t = 25.0)]
+    host_gbps: f64,
+    /// Spill directory for the disk tier (default: a fresh temporary directory, removed at exit).
+    #[arg(long)]
+    spill_dir: Option<PathBuf>,
+    /// Largest size of the disk tier (a full disk past it).
+    #[arg(long, value_parser = parse_size)]
+    disk_quota: Option<u64>,
+    /// Do not prefetch off-device tensors at phase boundaries.
+    #[arg(long)]
+    no_prefetch: bool,
+    /// Largest fraction of the device prefetched at one phase boundary.
+    #[arg(long, default_value_t = 0.25)]
+    prefetch_fraction: f64,
+}
+
+impl TierArgs {
+    fn config(&self) -> Result<Option<TierConfig>> {
+        if self.no_offload {
+            return Ok(None);
+        }
+        if !(self.host_gbps.is_finite() && self.host_gbps > 0.0) {
+            bail!("--host-gbps must be a positive number of GB/s, not {}", self.host_gbps);
+        }
+        if !(0.0..=1.0).contains(&self.prefetch_fraction) {
+            bail!("--prefetch-fraction must be between 0 and 1, not {}", self.prefetch_fraction);
+        }
+        Ok(Some(TierConfig {
+            host_capacity: self.host_mem,
+            host_gbps: self.host_gbps,
+            spill_dir: self.spill_dir.clone(),
+            disk_quota: self.disk_quota.unwrap_or(u64::MAX),
+            prefetch: !self.no_prefetch,
+            prefetch_fraction: self.prefetch_fraction,
+            ..TierConfig::default()
+        }))
+    }
 }
 
 /// The policy runtime of this process (one engine, one artifact cache).
@@ -357,6 +409,7 @@ fn run_on<D: Device + 'static>(
         device: SimConfig { capacity: common.device_mem, ..SimConfig::default() },
         record_actions: export.is_some(),
         sample_every: opts.sample_every,
+        tiers: common.tiers.config()?,
     };
     let bar = progress.then(|| {
         let b = indicatif::ProgressBar::new_spinner();
