@@ -237,6 +237,10 @@ struct TierArgs {
     /// Largest fraction of the device prefetched at one phase boundary.
     #[arg(long, default_value_t = 0.25)]
     prefetch_fraction: f64,
+    /// Prefetch only while this fraction of the device stays free, on top of
+    /// what the coming phase grew by the last time it ran.
+    #[arg(long, default_value_t = 0.05)]
+    prefetch_headroom: f64,
 }
 
 impl TierArgs {
@@ -247,8 +251,12 @@ impl TierArgs {
         if !(self.host_gbps.is_finite() && self.host_gbps > 0.0) {
             bail!("--host-gbps must be a positive number of GB/s, not {}", self.host_gbps);
         }
-        if !(0.0..=1.0).contains(&self.prefetch_fraction) {
-            bail!("--prefetch-fraction must be between 0 and 1, not {}", self.prefetch_fraction);
+        for (flag, v) in
+            [("--prefetch-fraction", self.prefetch_fraction), ("--prefetch-headroom", self.prefetch_headroom)]
+        {
+            if !(0.0..=1.0).contains(&v) {
+                bail!("{flag} must be between 0 and 1, not {v}");
+            }
         }
         Ok(Some(TierConfig {
             host_capacity: self.host_mem,
@@ -257,6 +265,7 @@ impl TierArgs {
             disk_quota: self.disk_quota.unwrap_or(u64::MAX),
             prefetch: !self.no_prefetch,
             prefetch_fraction: self.prefetch_fraction,
+            prefetch_headroom: self.prefetch_headroom,
             ..TierConfig::default()
         }))
     }

@@ -422,6 +422,9 @@ impl<D: Device> Allocator<D> {
         self.stats.allocs += 1;
         self.stats.bytes.add_live(bytes, size);
         self.pools[pool].gauges.add_live(bytes, size);
+        if let Some(ts) = self.tiers.as_deref_mut() {
+            ts.note_live(self.stats.bytes.live_bytes);
+        }
         if self.recorder.is_some() {
             let addr = self.segments.get(b.segment).base + b.offset;
             self.record(ActionKind::Alloc, addr, bytes, stream, Some(kind));
@@ -647,11 +650,12 @@ impl<D: Device> Allocator<D> {
         if !self.pending.is_empty() {
             self.poll_pending()?;
         }
-        self.phase = Some(phase);
+        let old = self.phase.replace(phase);
         self.step = step;
         self.run_reclaim(&ReclaimTrigger::Phase { phase, step })?;
-        if self.tiers.as_ref().is_some_and(|t| t.cfg.prefetch) {
-            self.prefetch()?;
+        let live = self.stats.bytes.live_bytes;
+        if let Some(growth) = self.tiers.as_deref_mut().and_then(|t| t.phase_boundary(old, Some(phase), live)) {
+            self.prefetch(growth)?;
         }
         Ok(())
     }

@@ -130,8 +130,10 @@ impl<D: Device> Allocator<D> {
                 let names: Vec<String> =
                     self.pools.iter().filter(|p| p.cached_bytes() > 0).map(|p| p.name.clone()).collect();
                 let mut moved = 0;
+                // Device-to-device copies are far cheaper than copies to
+                // the host: compaction is not limited by a byte budget.
                 for n in names {
-                    moved += self.compact(&n, segment)?;
+                    moved += self.compact(&n, u64::MAX)?;
                 }
                 if moved > 0 {
                     if let Some(b) = self.take_fit(pool, req, rounded, max_waste) {
@@ -427,13 +429,18 @@ impl<D: Device> Allocator<D> {
     /// Prefetch at a phase boundary: brings off-device tensors back into
     /// free device memory (never evicting), in the eviction policy's order
     /// when it gives a valid one, else most recently evicted first, up to
-    /// `prefetch_fraction` of the capacity.
-    pub(super) fn prefetch(&mut self) -> Result<(), AllocError> {
+    /// `prefetch_fraction` of the capacity, and only while `growth` (how much
+    /// live bytes grew the last time the coming phase ran) plus
+    /// `prefetch_headroom` of the capacity stay free: prefetching into memory
+    /// the phase will allocate only makes it evict.
+    pub(super) fn prefetch(&mut self, growth: u64) -> Result<(), AllocError> {
         let Some(ts) = self.tiers.as_ref() else { return Ok(()) };
-        if ts.entries.is_empty() {
+        if !ts.cfg.prefetch || ts.entries.is_empty() {
             return Ok(());
         }
-        let budget = (self.device.capacity() as f64 * ts.cfg.prefetch_fraction) as u64;
+        let capacity = self.device.capacity() as f64;
+        let budget = (capacity * ts.cfg.prefetch_fraction) as u64;
+        let headroom = ((capacity * ts.cfg.prefetch_headroom) as u64).saturating_add(growth);
         let mut cands: Vec<(u64, EvictionCandidate)> = ts
             .entries
             .iter()
@@ -468,6 +475,10 @@ impl<D: Device> Allocator<D> {
                 break;
             }
             let bytes = t.bytes;
+            let free = self.device.available().unwrap_or(0).saturating_add(self.cached_bytes());
+            if free < bytes.saturating_add(headroom) {
+                break;
+            }
             match self.bring_back(id, true) {
                 Ok(()) => done += bytes,
                 Err(AllocError::OutOfMemory { .. }) => break,

@@ -38,7 +38,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
-use crate::types::GIB;
+use crate::types::{Phase, GIB};
 use disk::{DiskTier, SpillFile};
 
 /// Configuration of the host and disk tiers.
@@ -62,6 +62,9 @@ pub struct TierConfig {
     pub prefetch: bool,
     /// At most this fraction of the device capacity is prefetched per phase boundary.
     pub prefetch_fraction: f64,
+    /// Prefetch only while this fraction of the device capacity stays free,
+    /// on top of the growth of live bytes the coming phase had last time.
+    pub prefetch_headroom: f64,
     /// Copy tensor contents between tiers (host-backed or real devices).
     pub copy_contents: bool,
 }
@@ -70,7 +73,8 @@ impl Default for TierConfig {
     /// 1 TiB of host memory at 25 GB/s (PCIe 5 pinned copies), spill files at
     /// 3 GB/s (an NVMe drive) in a fresh temporary directory without quota,
     /// two I/O threads, a workload of 200 GB/s per used byte, prefetch on (a
-    /// quarter of the device per boundary), no contents.
+    /// quarter of the device per boundary, keeping free what the coming phase
+    /// grew by last time plus 5 % of the device), no contents.
     fn default() -> Self {
         TierConfig {
             host_capacity: 1024 * GIB,
@@ -82,6 +86,7 @@ impl Default for TierConfig {
             workload_gbps: 200.0,
             prefetch: true,
             prefetch_fraction: 0.25,
+            prefetch_headroom: 0.05,
             copy_contents: false,
         }
     }
@@ -228,6 +233,11 @@ pub struct TierState {
     pub prefetching: bool,
     /// The slot being brought back (never spilled to make room for itself).
     pub bringing: Option<u32>,
+    /// Live bytes on every tier when the current phase began, and the most since.
+    phase_live: (u64, u64),
+    /// Growth of live bytes over each phase, as last seen (the prefetch
+    /// headroom of the next time that phase comes).
+    growth: FxHashMap<Option<Phase>, u64>,
     now_us: f64,
     /// When the device-to-host copy engine is free (evictions, spills).
     d2h_free_us: f64,
@@ -247,6 +257,8 @@ impl TierState {
             ready_at: FxHashMap::default(),
             prefetching: false,
             bringing: None,
+            phase_live: (0, 0),
+            growth: FxHashMap::default(),
             now_us: 0.0,
             d2h_free_us: 0.0,
             h2d_free_us: 0.0,
@@ -320,6 +332,24 @@ impl TierState {
             }
         }
         self.now_us += bytes as f64 / (self.cfg.workload_gbps * 1e3);
+    }
+
+    /// Notes the live bytes on the device after an allocation.
+    #[inline]
+    pub fn note_live(&mut self, device_live: u64) {
+        let total = device_live + self.stats.host_bytes + self.stats.disk_bytes;
+        self.phase_live.1 = self.phase_live.1.max(total);
+    }
+
+    /// A phase boundary from `old` to `new` with `device_live` bytes live on
+    /// the device: records how much `old` grew, and returns how much `new`
+    /// grew the last time (`None` the first time).
+    pub fn phase_boundary(&mut self, old: Option<Phase>, new: Option<Phase>, device_live: u64) -> Option<u64> {
+        let total = device_live + self.stats.host_bytes + self.stats.disk_bytes;
+        let (start, peak) = self.phase_live;
+        self.growth.insert(old, peak.saturating_sub(start));
+        self.phase_live = (total, total);
+        self.growth.get(&new).copied()
     }
 
     /// The workload clock, simulated microseconds.
