@@ -233,8 +233,9 @@ impl<D: Device> Allocator<D> {
     }
 
     /// Makes room for `bytes` on the host tier by spilling its least
-    /// recently used tensors (never the one being brought back) to disk. Returns `true` when the
-    /// tensor is larger than the whole host tier and must go to disk itself.
+    /// recently used tensors (never the one being brought back) to disk.
+    /// Returns `true` when the tensor must go to disk itself (larger than the
+    /// host tier, or the host cannot make room).
     fn make_host_room(&mut self, bytes: u64) -> Result<bool, AllocError> {
         let ts = self.tiers.as_ref().ok_or(TierError::Disabled)?;
         let keep = ts.bringing;
@@ -261,7 +262,8 @@ impl<D: Device> Allocator<D> {
             pick.push(slot);
         }
         self.spill_to_disk(&pick)?;
-        Ok(false)
+        // Still short (the tensor being brought back holds the rest): this one goes to disk.
+        Ok(self.tiers.as_ref().is_some_and(|ts| ts.host_free() < bytes))
     }
 
     /// Moves host-tier tensors to disk, writing their files in parallel.
