@@ -231,9 +231,10 @@ struct TierArgs {
     /// Largest size of the disk tier (a full disk past it).
     #[arg(long, value_parser = parse_size)]
     disk_quota: Option<u64>,
-    /// Do not prefetch off-device tensors at phase boundaries.
+    /// Prefetch off-device tensors at phase boundaries (off by default: on
+    /// the sample traces it adds traffic; see ARCHITECTURE.md, Tiers).
     #[arg(long)]
-    no_prefetch: bool,
+    prefetch: bool,
     /// Largest fraction of the device prefetched at one phase boundary.
     #[arg(long, default_value_t = 0.25)]
     prefetch_fraction: f64,
@@ -263,7 +264,7 @@ impl TierArgs {
             host_gbps: self.host_gbps,
             spill_dir: self.spill_dir.clone(),
             disk_quota: self.disk_quota.unwrap_or(u64::MAX),
-            prefetch: !self.no_prefetch,
+            prefetch: self.prefetch,
             prefetch_fraction: self.prefetch_fraction,
             prefetch_headroom: self.prefetch_headroom,
             ..TierConfig::default()

@@ -59,46 +59,55 @@ fn shared_traces_at_60_percent_complete_with_every_eviction_policy() {
         let peak = json_lines(&out)[0]["peak_live_bytes"].as_u64().unwrap();
         let mem = (peak * 6 / 10).to_string();
         let pols = policies();
-        let mut args = vec!["compare", path, "--device-mem", &mem, "--json", "--deadline-ms", "2000"];
-        for p in &pols {
-            args.extend(["--policy", p]);
+        for prefetch in [false, true] {
+            check_compare(path, &mem, peak, &pols, prefetch);
         }
-        let (code, out, err) = wasmem(&args);
-        assert_eq!(code, 0, "{err}");
-        let rows = json_lines(&out);
-        assert_eq!(rows.len(), pols.len());
-        let traffic = |m: &serde_json::Value| m["tier_traffic_bytes"].as_u64().unwrap();
-        let belady = rows.iter().find(|m| m["policy"] == "belady").unwrap();
-        for m in &rows {
-            let p = m["policy"].as_str().unwrap();
-            eprintln!(
-                "{} {p:>10}: evicted {} prefetched {} fetched {} traffic {} stall_us {:.0} peak host {} disk {}",
-                t.file_name().unwrap().to_string_lossy(),
-                m["evicted_bytes"],
-                m["prefetched_bytes"],
-                m["fetched_bytes"],
-                traffic(m),
-                m["stall_us"].as_f64().unwrap(),
-                m["peak_host_bytes"],
-                m["peak_disk_bytes"]
-            );
-            assert_eq!(m["ooms"], 0, "{p} on {path}: {}", m["first_oom"]);
-            assert!(m["peak_reserved_bytes"].as_u64().unwrap() <= peak * 6 / 10, "{p} exceeded the device");
-            assert!(m["evicted_bytes"].as_u64().unwrap() > 0, "{p}: a trace over the device must evict");
-            assert!(m["peak_host_bytes"].as_u64().unwrap() > 0);
-            assert_eq!(m["offline_bound"], p == "belady", "{p}: only Belady is an offline bound");
-            assert_eq!(m["policy_fallbacks"], 0, "{p}: the policy itself decided every call");
-            assert!(traffic(belady) <= traffic(m), "Belady moved more than {p} on {path}");
-        }
-        // The text table shows them side by side and marks the bound.
-        let text_args: Vec<&str> = args.iter().copied().filter(|a| *a != "--json").collect();
-        let (code, out, err) = wasmem(&text_args);
-        assert_eq!(code, 0, "{err}");
-        for key in ["evicted_bytes", "prefetched_bytes", "stall_us", "tier_traffic_bytes", "peak_host_bytes"] {
-            assert!(out.contains(key), "{key} missing from\n{out}");
-        }
-        assert!(out.contains("note: belady reads the workload's future"), "{out}");
     }
+}
+
+fn check_compare(path: &str, mem: &str, peak: u64, pols: &[&str], prefetch: bool) {
+    let mut args = vec!["compare", path, "--device-mem", mem, "--json", "--deadline-ms", "2000"];
+    if prefetch {
+        args.push("--prefetch");
+    }
+    for p in pols {
+        args.extend(["--policy", p]);
+    }
+    let (code, out, err) = wasmem(&args);
+    assert_eq!(code, 0, "{err}");
+    let rows = json_lines(&out);
+    assert_eq!(rows.len(), pols.len());
+    let traffic = |m: &serde_json::Value| m["tier_traffic_bytes"].as_u64().unwrap();
+    let belady = rows.iter().find(|m| m["policy"] == "belady").unwrap();
+    for m in &rows {
+        let p = m["policy"].as_str().unwrap();
+        eprintln!(
+            "{path} prefetch {prefetch} {p:>10}: evicted {} prefetched {} fetched {} traffic {} stall_us {:.0} peak host {} disk {}",
+            m["evicted_bytes"],
+            m["prefetched_bytes"],
+            m["fetched_bytes"],
+            traffic(m),
+            m["stall_us"].as_f64().unwrap(),
+            m["peak_host_bytes"],
+            m["peak_disk_bytes"]
+        );
+        assert_eq!(m["ooms"], 0, "{p} on {path}: {}", m["first_oom"]);
+        assert!(m["peak_reserved_bytes"].as_u64().unwrap() <= peak * 6 / 10, "{p} exceeded the device");
+        assert!(m["evicted_bytes"].as_u64().unwrap() > 0, "{p}: a trace over the device must evict");
+        assert!(m["peak_host_bytes"].as_u64().unwrap() > 0);
+        assert_eq!(m["offline_bound"], p == "belady", "{p}: only Belady is an offline bound");
+        assert_eq!(m["policy_fallbacks"], 0, "{p}: the policy itself decided every call");
+        assert!(traffic(belady) <= traffic(m), "Belady moved more than {p} on {path}");
+        assert_eq!(m["prefetched_bytes"].as_u64().unwrap() > 0, prefetch, "{p}: prefetch {prefetch}");
+    }
+    // The text table shows them side by side and marks the bound.
+    let text_args: Vec<&str> = args.iter().copied().filter(|a| *a != "--json").collect();
+    let (code, out, err) = wasmem(&text_args);
+    assert_eq!(code, 0, "{err}");
+    for key in ["evicted_bytes", "prefetched_bytes", "stall_us", "tier_traffic_bytes", "peak_host_bytes"] {
+        assert!(out.contains(key), "{key} missing from\n{out}");
+    }
+    assert!(out.contains("note: belady reads the workload's future"), "{out}");
 }
 
 /// A trace file with one tensor larger than the device.

@@ -34,6 +34,9 @@ pub struct SpillFile {
 
 type Job = Box<dyn FnOnce() + Send>;
 
+/// One I/O job answering a `T`.
+type IoJob<T> = Box<dyn FnOnce() -> T + Send>;
+
 /// A fixed pool of I/O threads fed by a channel.
 struct IoPool {
     tx: Option<mpsc::Sender<Job>>,
@@ -66,7 +69,7 @@ impl IoPool {
     }
 
     /// Runs every job on the pool and returns their results in order.
-    fn run<T: Send + 'static>(&self, jobs: Vec<Box<dyn FnOnce() -> T + Send>>) -> Vec<T> {
+    fn run<T: Send + 'static>(&self, jobs: Vec<IoJob<T>>) -> Vec<T> {
         let (rtx, rrx) = mpsc::channel::<(usize, T)>();
         let n = jobs.len();
         let tx = self.tx.as_ref().expect("the pool lives until drop");
@@ -191,7 +194,7 @@ impl DiskTier {
             Ok(d) => d,
             Err(e) => return bufs.iter().map(|_| Err(e.clone())).collect(),
         };
-        let mut jobs: Vec<Box<dyn FnOnce() -> Result<SpillFile, TierError> + Send>> = Vec::new();
+        let mut jobs: Vec<IoJob<Result<SpillFile, TierError>>> = Vec::new();
         let mut planned = self.used;
         for buf in bufs {
             self.next += 1;
@@ -217,11 +220,11 @@ impl DiskTier {
 
     /// Reads spill files back (in parallel), checking length and checksum.
     pub fn read_batch(&self, files: &[SpillFile]) -> Vec<Result<Vec<u8>, TierError>> {
-        let jobs: Vec<Box<dyn FnOnce() -> Result<Vec<u8>, TierError> + Send>> = files
+        let jobs: Vec<IoJob<Result<Vec<u8>, TierError>>> = files
             .iter()
             .map(|f| {
                 let f = f.clone();
-                Box::new(move || read_file(&f)) as Box<dyn FnOnce() -> Result<Vec<u8>, TierError> + Send>
+                Box::new(move || read_file(&f)) as IoJob<Result<Vec<u8>, TierError>>
             })
             .collect();
         self.pool.run(jobs)

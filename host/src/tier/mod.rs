@@ -72,9 +72,10 @@ pub struct TierConfig {
 impl Default for TierConfig {
     /// 1 TiB of host memory at 25 GB/s (PCIe 5 pinned copies), spill files at
     /// 3 GB/s (an NVMe drive) in a fresh temporary directory without quota,
-    /// two I/O threads, a workload of 200 GB/s per used byte, prefetch on (a
-    /// quarter of the device per boundary, keeping free what the coming phase
-    /// grew by last time plus 5 % of the device), no contents.
+    /// two I/O threads, a workload of 200 GB/s per used byte, prefetch off
+    /// (when on: a quarter of the device per boundary at most, keeping free
+    /// what the coming phase grew by last time plus 5 % of the device), no
+    /// contents.
     fn default() -> Self {
         TierConfig {
             host_capacity: 1024 * GIB,
@@ -84,7 +85,7 @@ impl Default for TierConfig {
             disk_quota: u64::MAX,
             io_threads: 2,
             workload_gbps: 200.0,
-            prefetch: true,
+            prefetch: false,
             prefetch_fraction: 0.25,
             prefetch_headroom: 0.05,
             copy_contents: false,
