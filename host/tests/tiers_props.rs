@@ -1,14 +1,16 @@
 //! Property tests of the host and disk tiers: random workloads on a tiny
-//! host-backed simulated device with a tiny host tier (so tensors go to host
+//! host-backed simulated device (42–56 MiB: room for one pinned 20 MiB
+//! segment and one more) with a tiny host tier (so tensors go to host
 //! memory and to spill files and come back), under every built-in eviction
-//! policy. After every step the invariants hold; every tensor brought back
+//! policy and a hostile one, with pins. After every step the invariants hold; every tensor brought back
 //! (by a use, a read or a prefetch) has exactly the bytes written into it;
-//! no request fails (everything is evictable and every segment fits the
+//! no request fails (at most one tensor is pinned and every segment fits the
 //! device); no spill file outlives the allocator.
 
 use proptest::prelude::*;
 use wasmem::alloc::Allocator;
-use wasmem::builtin;
+use wasmem::builtin::{self, Policies};
+use wasmem::decision::{EvictionCandidate, EvictionPolicy, PolicyContext, PolicyError};
 use wasmem::device::sim::{SimConfig, SimDevice};
 use wasmem::tier::TierConfig;
 use wasmem::types::{Phase, StreamId, TensorId, TensorKind, Tier, MIB};
@@ -19,6 +21,7 @@ enum Action {
     Free(usize),
     Use(usize, u32),
     Evict(usize),
+    Pin(usize),
     Phase(usize),
 }
 
@@ -29,8 +32,49 @@ fn action() -> impl Strategy<Value = Action> {
         3 => any::<usize>().prop_map(Action::Free),
         5 => (any::<usize>(), 0u32..2).prop_map(|(i, s)| Action::Use(i, s)),
         2 => any::<usize>().prop_map(Action::Evict),
+        1 => any::<usize>().prop_map(Action::Pin),
         1 => (0usize..4).prop_map(Action::Phase),
     ]
+}
+
+/// An eviction policy that answers wrongly in every way it can: the engine
+/// must refuse or complete each answer and still lose nothing.
+struct Hostile(u64);
+
+impl EvictionPolicy for Hostile {
+    fn name(&self) -> &str {
+        "hostile"
+    }
+    fn choose_victims(
+        &mut self,
+        _need: u64,
+        c: &[EvictionCandidate],
+        _ctx: &PolicyContext,
+    ) -> Result<Vec<TensorId>, PolicyError> {
+        self.0 += 1;
+        let first = c.first().map(|c| c.id);
+        Ok(match self.0 % 5 {
+            0 => return Err(PolicyError::Trap("boom".into())),
+            1 => Vec::new(),                                      // short: completed by LRU
+            2 => vec![TensorId { slot: 999_999, generation: 7 }], // never offered
+            3 => first.into_iter().chain(first).collect(),        // listed twice
+            _ => c.iter().filter(|c| c.pinned).map(|c| c.id).chain(first).collect(), // pinned first
+        })
+    }
+    fn prefetch_order(&mut self, offloaded: &[EvictionCandidate], _: &PolicyContext) -> Option<Vec<TensorId>> {
+        // Unknown and repeated ids: refused, the engine's order is used.
+        let mut v: Vec<TensorId> = offloaded.iter().map(|c| c.id).collect();
+        v.extend(v.clone());
+        v.push(TensorId { slot: 123_456, generation: 1 });
+        Some(v)
+    }
+}
+
+fn policies(i: usize) -> Policies {
+    match builtin::EVICTION_NAMES.get(i) {
+        Some(name) => builtin::by_name(name).unwrap(),
+        None => Policies { eviction: Box::new(Hostile(0)), ..builtin::by_name("pytorch").unwrap() },
+    }
 }
 
 /// The bytes written into the tensor with this seed.
@@ -46,19 +90,23 @@ fn check_contents(a: &mut Allocator<SimDevice>, id: TensorId, bytes: u64, seed: 
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    // 48 cases by default; PROPTEST_CASES asks for more.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn contents_survive_every_move(
         actions in prop::collection::vec(action(), 1..70),
-        capacity_mib in 22u64..40,
+        capacity_mib in 42u64..56,
         host_kib in prop_oneof![Just(0u64), 1u64..4096, Just(1 << 20)],
-        policy in 0usize..3,
+        policy in 0usize..4,
         prefetch in any::<bool>(),
     ) {
         let spill = tempfile::tempdir().unwrap();
         let dev = SimDevice::new(SimConfig { capacity: capacity_mib * MIB, host_backed: true, ..SimConfig::default() });
-        let mut a = Allocator::new(dev, builtin::by_name(builtin::EVICTION_NAMES[policy]).unwrap());
+        let mut a = Allocator::new(dev, policies(policy));
         a.enable_tiers(TierConfig {
             host_capacity: host_kib * 1024,
             spill_dir: Some(spill.path().to_path_buf()),
@@ -97,7 +145,20 @@ proptest! {
                 Action::Evict(i) if !live.is_empty() => {
                     let (id, _, _) = live[i % live.len()];
                     a.evict(&[id]).unwrap();
-                    prop_assert_ne!(a.tier(id).unwrap(), Tier::Device);
+                    // A pinned tensor stays; anything else leaves the device.
+                    prop_assert_eq!(a.tier(id).unwrap() == Tier::Device, a.is_pinned(id));
+                }
+                Action::Pin(i) if !live.is_empty() => {
+                    // Pin one tensor (bringing it back) or unpin it; at most one pinned at a time
+                    // keeps every request servable.
+                    let (id, bytes, seed) = live[i % live.len()];
+                    if a.is_pinned(id) {
+                        a.unpin(id).unwrap();
+                    } else if live.iter().all(|&(o, _, _)| !a.is_pinned(o)) {
+                        a.pin(id).map_err(|e| TestCaseError::fail(format!("pin {id}: {e}")))?;
+                        prop_assert_eq!(a.tier(id).unwrap(), Tier::Device);
+                        check_contents(&mut a, id, bytes, seed)?;
+                    }
                 }
                 Action::Phase(p) => a.phase(Phase::ALL[p], 0).unwrap(),
                 _ => {}
