@@ -39,9 +39,9 @@ enum Command {
     Replay {
         #[command(flatten)]
         common: Common,
-        /// Policy: a built-in name (naive, pytorch, lifecycle), a shipped policy
-        /// name (pytorch-like, lru-evict, …), a `.wasm` path, or `a+b` to take each
-        /// role from the first part that provides it.
+        /// Policy: a built-in name (naive, pytorch, lifecycle; eviction only: lru,
+        /// dtr, belady), a shipped policy name (pytorch-like, lru-evict, …), a
+        /// `.wasm` path, or `a+b` to take each role from the first part that provides it.
         #[arg(long, default_value = "lifecycle")]
         policy: String,
         /// Write the replay's final state and actions as a PyTorch memory
@@ -219,7 +219,7 @@ struct TierArgs {
     /// Do not evict to host or disk: a request the device cannot serve is an OOM.
     #[arg(long)]
     no_offload: bool,
-    /// Host-tier capacity (pinned host memory).
+    /// Host-tier capacity (host memory for evicted tensors).
     #[arg(long, default_value = "1TiB", value_parser = parse_size)]
     host_mem: u64,
     /// Device-host copy bandwidth in GB/s.

@@ -312,3 +312,32 @@ fn read_file(f: &SpillFile) -> Result<Vec<u8>, TierError> {
     }
     Ok(data)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_write_read_remove_and_quota() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut d = DiskTier::new(Some(dir.path().to_path_buf()), 10_000, 3);
+        let bufs: Vec<Arc<Vec<u8>>> = (0..6u8).map(|k| Arc::new(vec![k; 1000 + k as usize])).collect();
+        let files: Vec<SpillFile> = d.write_batch(bufs.clone()).into_iter().map(Result::unwrap).collect();
+        assert_eq!(d.used_bytes(), bufs.iter().map(|b| b.len() as u64).sum::<u64>());
+        assert_eq!(d.file_count(), 6);
+        for (f, b) in d.read_batch(&files).into_iter().zip(&bufs) {
+            assert_eq!(&f.unwrap(), b.as_ref());
+        }
+        // Past the quota: refused before writing, the others of the batch kept.
+        let r = d.write_batch(vec![Arc::new(vec![1; 100]), Arc::new(vec![2; 5000])]);
+        assert!(r[0].is_ok());
+        assert!(matches!(&r[1], Err(TierError::QuotaExceeded { bytes: 5000, .. })), "{:?}", r[1]);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 7);
+        d.remove(&files[0]).unwrap();
+        d.remove(&files[0]).unwrap(); // already gone: not an error
+        assert_eq!(d.file_count(), 6);
+        assert!(!files[0].path.exists());
+        drop(d);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "files removed at drop");
+    }
+}

@@ -44,7 +44,7 @@ use disk::{DiskTier, SpillFile};
 /// Configuration of the host and disk tiers.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TierConfig {
-    /// Host-tier capacity in bytes (pinned host memory on CUDA).
+    /// Host-tier capacity in bytes.
     pub host_capacity: u64,
     /// Device↔host copy bandwidth, GB/s (10⁹ bytes per second).
     pub host_gbps: f64,
