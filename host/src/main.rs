@@ -252,6 +252,11 @@ impl TierArgs {
         if !(self.host_gbps.is_finite() && self.host_gbps > 0.0) {
             bail!("--host-gbps must be a positive number of GB/s, not {}", self.host_gbps);
         }
+        if let Some(dir) = &self.spill_dir {
+            // Replays carry no contents and write no spill file: check the directory now.
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("--spill-dir: cannot create spill directory {}", dir.display()))?;
+        }
         for (flag, v) in
             [("--prefetch-fraction", self.prefetch_fraction), ("--prefetch-headroom", self.prefetch_headroom)]
         {

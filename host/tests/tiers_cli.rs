@@ -148,4 +148,11 @@ fn bad_tier_flags_are_refused_clearly() {
     let (code, _, err) = wasmem(&["replay", "--synth", "gpt2-124m", "--host-gbps", "0"]);
     assert_ne!(code, 0);
     assert!(err.contains("--host-gbps"), "{err}");
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    let bad = file.join("spill");
+    let (code, _, err) = wasmem(&["replay", "--synth", "gpt2-124m", "--spill-dir", bad.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(err.contains(&format!("cannot create spill directory {}", bad.display())), "{err}");
 }
