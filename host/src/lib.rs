@@ -22,7 +22,9 @@
 //! ## Layers
 //!
 //! [`alloc`] (the caching allocator) asks the decision traits of [`decision`];
-//! [`builtin`] holds the native policies; [`device`] holds the backends.
+//! [`builtin`] holds the native policies; [`device`] holds the backends;
+//! [`tier`] holds what is not on the device (host memory, spill files) for the
+//! allocator's eviction, bring-back and prefetch.
 
 #![warn(missing_docs)]
 
