@@ -5,6 +5,7 @@
 //!  alloc(bytes, kind, stream) ──► placement decision (pool, rounding, growth, split)
 //!        │ best fit in pool.free[(stream, size, addr)] ──hit──► split? ──► handle
 //!        └─miss──► device.alloc_segment ──OOM──► reclamation decision ──► retry once
+//!                                      └─still OOM, tiers on──► compaction, eviction (tiering)
 //!  free(id) ──► merge with free neighbours ──► pool.free (or release if uncached pool)
 //! ```
 //!
@@ -13,7 +14,9 @@
 //! - the blocks of a segment tile it without gaps or overlap;
 //! - no two neighbouring blocks are both free;
 //! - a block is free ⇔ it is in its pool's free index under its current key;
-//! - every live tensor maps to exactly one allocated block and back;
+//! - every live tensor on the device maps to exactly one allocated block and
+//!   back; a tensor on the host or disk tier holds no block (see
+//!   [`tiering`](self), whose invariants `check_invariants` checks too);
 //! - `reserved = Σ segment sizes`, `allocated = Σ allocated block sizes`,
 //!   `live = Σ requested bytes of live tensors`, per pool and in total;
 //! - `live ≤ allocated ≤ reserved ≤ device capacity`;
