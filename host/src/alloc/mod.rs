@@ -30,7 +30,10 @@
 //! tensor, its block and address, and the live/allocated accounting unchanged;
 //! the only state an out-of-memory path may change is cached memory released
 //! by the reclamation remedy, and it is not even tried when the device reports
-//! that releasing everything cached could not make room.
+//! that releasing everything cached could not make room. With the tiers
+//! enabled, tensors moved off the device (and blocks moved by compaction)
+//! while trying to serve a request stay moved, with their contents, when the
+//! request still fails.
 
 mod check;
 mod compact;
