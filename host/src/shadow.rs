@@ -208,7 +208,13 @@ impl Shadow {
     /// Metrics so far, with the keys and meaning of a replay's.
     pub fn metrics(&self) -> Metrics {
         let mut m = self.m.clone();
-        crate::replay::fill(&mut m, &self.alloc.stats(), self.alloc.device(), self.alloc.gc_pauses());
+        crate::replay::fill(
+            &mut m,
+            &self.alloc.stats(),
+            self.alloc.device(),
+            self.alloc.gc_pauses(),
+            &self.alloc.tier_stats(),
+        );
         m.wall_seconds = self.busy.as_secs_f64();
         m.events_per_second = if m.wall_seconds > 0.0 { m.events as f64 / m.wall_seconds } else { 0.0 };
         m
@@ -323,7 +329,7 @@ pub fn allocator_metrics<D: Device>(alloc: &Allocator<D>) -> Metrics {
     let s = alloc.stats();
     let mut m =
         Metrics { allocs: s.allocs, frees: s.frees, peak_live_bytes: s.bytes.peak_live_bytes, ..Metrics::default() };
-    crate::replay::fill(&mut m, &s, alloc.device(), alloc.gc_pauses());
+    crate::replay::fill(&mut m, &s, alloc.device(), alloc.gc_pauses(), &alloc.tier_stats());
     m.uses = s.uses;
     m
 }

@@ -80,6 +80,8 @@ fn candidates(rng: &mut Rng) -> Vec<EvictionCandidate> {
             use_count: rng.below(10),
             in_use: rng.below(5) == 0,
             pinned: false,
+            phase: None,
+            next_use: None,
         })
         .collect()
 }

@@ -3,7 +3,8 @@
 //! ```text
 //! spec   := part ('+' part)*
 //! part   := builtin | shipped | path          (optionally `part?config` — the text after `?` goes to `init`)
-//! builtin: a name of `wasmem::builtin::BUILTIN_NAMES` (naive, pytorch, lifecycle)
+//! builtin: a name of `wasmem::builtin::BUILTIN_NAMES` (naive, pytorch, lifecycle),
+//!          or of `EVICTION_NAMES` (lru, dtr, belady: the eviction role only)
 //! shipped: NAME → $WASMEM_POLICY_DIR/NAME.wasm, <repo>/policies/out/NAME.wasm,
 //!          <repo>/policies/target/wasm32-wasip2/release/NAME.wasm (`-` → `_`)
 //! path   : anything ending in `.wasm` or containing a path separator
@@ -99,6 +100,12 @@ pub fn resolve_with(runtime: &Runtime, spec: &str) -> Result<Resolved, LoadError
     let mut eviction: Option<Choice<dyn EvictionPolicy>> = None;
     for part in spec.split('+').map(str::trim).filter(|p| !p.is_empty()) {
         let (what, config) = part.split_once('?').unwrap_or((part, ""));
+        if let Some(e) = builtin::eviction_by_name(what) {
+            // An eviction-only built-in provides only its role.
+            let label = what.to_string();
+            offer(&mut eviction, 1, || Some(Choice { roles: 1, policy: e, label, wasm: None }));
+            continue;
+        }
         if let Some(p) = builtin::by_name(what) {
             let label = what.to_string();
             offer(&mut placement, 3, || {
@@ -120,7 +127,12 @@ pub fn resolve_with(runtime: &Runtime, spec: &str) -> Result<Resolved, LoadError
                 None => {
                     return Err(LoadError::UnknownSpec {
                         spec: what.to_string(),
-                        builtins: builtin::BUILTIN_NAMES.join(", "),
+                        builtins: builtin::BUILTIN_NAMES
+                            .iter()
+                            .chain(&builtin::EVICTION_NAMES)
+                            .copied()
+                            .collect::<Vec<_>>()
+                            .join(", "),
                         shipped: SHIPPED_NAMES.join(", "),
                         tried,
                     })
