@@ -165,6 +165,7 @@ impl Shadow {
         match *ev {
             Event::Alloc { id, bytes, kind, stream, .. } => {
                 self.m.allocs += 1;
+                self.m.bytes_allocated += bytes;
                 if self.ids.contains_key(&id) {
                     return Err(format!("event {n}: trace id {id} is already live"));
                 }
@@ -176,7 +177,10 @@ impl Shadow {
                 } else {
                     match self.alloc.alloc(bytes, kind, StreamId(stream)) {
                         Ok(h) => Some(h),
-                        Err(AllocError::OutOfMemory { .. }) => None,
+                        Err(e @ AllocError::OutOfMemory { .. }) => {
+                            self.m.first_oom.get_or_insert_with(|| format!("event {n}: {e}"));
+                            None
+                        }
                         Err(e) => {
                             self.live -= bytes;
                             return Err(err(e));
@@ -200,7 +204,12 @@ impl Shadow {
                     self.alloc.use_tensor(h, stream.map(StreamId)).map_err(err)?;
                 }
             }
-            Event::Phase { phase, step } => self.alloc.phase(phase, step).map_err(err)?,
+            Event::Phase { phase, step } => {
+                if phase == Phase::StepEnd {
+                    self.m.steps += 1;
+                }
+                self.alloc.phase(phase, step).map_err(err)?
+            }
         }
         Ok(())
     }

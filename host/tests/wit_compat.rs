@@ -189,7 +189,7 @@ fn a_0_2_0_plan_reaches_the_engine() {
     let path = need!(common::rust_policy("defrag-reclaim"));
     let loaded = rt.load(&path).unwrap();
     assert_eq!((loaded.wit_version(), loaded.roles()), (WitVersion::V0_2, &[Role::Reclamation][..]));
-    let p = loaded.instantiate("cached_high=100MiB").unwrap();
+    let p = loaded.instantiate("cached_high=100MiB trim_max=1GiB compact_fraction=0.05").unwrap();
     assert!(p.paged_segments());
     let mut r = p.reclamation().unwrap();
     assert!(r.paged_segments(), "the engine reads paged segments through the trait");

@@ -291,6 +291,8 @@ impl<D: Device> Allocator<D> {
         let bytes = run.count * page;
         self.stats.bytes.cut(bytes, segments_now as u64);
         self.pools[pool].gauges.cut(bytes, segments_now as u64);
+        // The pages leave the segment (a stitch records their new segment).
+        self.record(ActionKind::SegmentFree, seg.base + lo, bytes, seg.stream, None);
         Ok(taken)
     }
 
@@ -363,15 +365,12 @@ impl<D: Device> Allocator<D> {
             // Carving changes block indices and segments: recompute the runs.
             let Some(mut run) = self.free_page_runs(None, names).into_iter().next() else { break };
             run.count = run.count.min((target - released).div_ceil(page));
-            let stream = self.segments.get(self.blocks.get(run.block).segment).stream;
-            let addr = run.va;
             for h in self.carve(run)? {
                 self.device.release_physical(h)?;
                 self.stats.device_free_calls += 1;
             }
             released += run.count * page;
             self.stats.trimmed_bytes += run.count * page;
-            self.record(ActionKind::SegmentFree, addr, run.count * page, stream, None);
         }
         Ok(released)
     }
