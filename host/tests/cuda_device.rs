@@ -210,8 +210,9 @@ fn pytorch_allocator_over_cuda_random_ops() {
 fn defrag_allocator_over_cuda_random_ops() {
     let Some(d) = gpu("defrag_allocator_over_cuda_random_ops") else { return };
     let s = random_ops(d, "defrag", 4000, CudaDevice::check_invariants);
-    assert!(s.stitches > 0 && s.paged_segments > 0, "{s:?}");
-    assert_eq!(s.device_syncs, 0);
+    // The CUDA backend does not know the client's streams: pages are
+    // unmapped after a device synchronization (counted), never before.
+    assert!(s.stitches > 0 && s.paged_segments > 0 && s.stream_syncs == 0, "{s:?}");
 }
 
 /// The same random workload on the simulated device (no GPU needed): it

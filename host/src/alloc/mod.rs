@@ -815,7 +815,9 @@ impl<D: Device> Allocator<D> {
     fn release_segment(&mut self, seg_idx: u32) -> Result<(), AllocError> {
         let seg = *self.segments.get(seg_idx);
         if let Some(p) = self.paged.remove(&seg_idx) {
-            // Unmapping idle pages does not synchronize the device.
+            // Unmapping is not ordered on the stream: wait for the segment's
+            // stream first (not the whole device, where the backend can).
+            self.quiesce(&[seg.stream])?;
             self.stats.device_free_calls += self.release_paged(&seg, p)?;
         } else {
             self.device.free_segment(seg.base)?;

@@ -19,9 +19,17 @@
 //! pages and the part after them become two segments (same reservation, same
 //! pool and stream), each still tiled by its blocks; the free block that held
 //! the pages keeps its bytes outside them as free remnants. Addresses of live
-//! tensors never change. Releasing paged memory unmaps pages of idle blocks: it
-//! does not synchronize the device (`cudaFree` does), so it is not counted in
-//! `device_syncs`.
+//! tensors never change.
+//!
+//! Unmapping is not ordered on a stream: the last user of a free block may
+//! still be running. Before pages are unmapped (stitch, trim, release) the
+//! engine waits for the streams of their segments
+//! ([`Device::synchronize_stream`]): the `sim` device waits for that stream
+//! alone (counted in `stream_syncs`); the `cuda` backend, which does not
+//! know the client's streams, synchronizes the device (counted in
+//! `device_syncs`, as a `cudaFree` would be).
+//!
+//! [`Device::synchronize_stream`]: crate::device::Device::synchronize_stream
 //!
 //! Invariants (checked by `Allocator::check_invariants`):
 //! - a paged segment's base is page-aligned, its size is `pages × page`, and
@@ -78,6 +86,26 @@ impl<D: Device> Allocator<D> {
             return 0;
         }
         page
+    }
+
+    /// Waits for the work queued on `streams` before their pages are
+    /// unmapped (a free block's last user may still be running: unmapping
+    /// is not ordered on the stream). A backend that synchronizes the whole
+    /// device for it does so once.
+    pub(super) fn quiesce(&mut self, streams: &[StreamId]) -> Result<(), AllocError> {
+        let mut done: Vec<StreamId> = Vec::new();
+        for &s in streams {
+            if done.contains(&s) {
+                continue;
+            }
+            if self.device.synchronize_stream(s)? {
+                self.stats.device_syncs += 1;
+                return Ok(());
+            }
+            self.stats.stream_syncs += 1;
+            done.push(s);
+        }
+        Ok(())
     }
 
     /// Obtains `pages` fresh physical pages; on failure releases those
@@ -330,6 +358,9 @@ impl<D: Device> Allocator<D> {
             Err(DeviceError::OutOfMemory { .. }) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
+        let streams: Vec<StreamId> =
+            plan.iter().map(|r| self.segments.get(self.blocks.get(r.block).segment).stream).collect();
+        self.quiesce(&streams)?;
         // Carving moves blocks between segments: plan runs by block, and a
         // later run never names a block an earlier carve removed (one run per
         // free block).
@@ -365,6 +396,8 @@ impl<D: Device> Allocator<D> {
             // Carving changes block indices and segments: recompute the runs.
             let Some(mut run) = self.free_page_runs(None, names).into_iter().next() else { break };
             run.count = run.count.min((target - released).div_ceil(page));
+            let stream = self.segments.get(self.blocks.get(run.block).segment).stream;
+            self.quiesce(&[stream])?;
             for h in self.carve(run)? {
                 self.device.release_physical(h)?;
                 self.stats.device_free_calls += 1;

@@ -89,6 +89,7 @@ impl Stats {
             pending_bytes: self.pending_bytes,
             gc_pauses: self.gc_pauses - earlier.gc_pauses,
             compactions: self.compactions - earlier.compactions,
+            stream_syncs: self.stream_syncs - earlier.stream_syncs,
             paged_segments: self.paged_segments - earlier.paged_segments,
             stitches: self.stitches - earlier.stitches,
             stitched_bytes: self.stitched_bytes - earlier.stitched_bytes,
@@ -145,6 +146,9 @@ pub struct Stats {
     pub gc_pauses: u64,
     /// Compaction runs that moved at least one block.
     pub compactions: u64,
+    /// Waits for one stream before its pages were unmapped (no device-wide
+    /// synchronization; those count in `device_syncs`).
+    pub stream_syncs: u64,
     /// Segments built from individually mapped pages (virtual memory API).
     pub paged_segments: u64,
     /// Segments built by stitching free pages of a pool.

@@ -91,6 +91,15 @@ pub trait Device: Send {
     fn free_segment(&mut self, ptr: DevicePtr) -> Result<(), DeviceError>;
     /// Waits for all streams (cudaDeviceSynchronize).
     fn synchronize(&mut self) -> Result<(), DeviceError>;
+    /// Waits until the work queued on `stream` so far has completed (before
+    /// memory that work may touch is unmapped). Returns `true` when the
+    /// backend had to synchronize the whole device for it — the default, for
+    /// backends that do not know the client's streams.
+    fn synchronize_stream(&mut self, stream: StreamId) -> Result<bool, DeviceError> {
+        let _ = stream;
+        self.synchronize()?;
+        Ok(true)
+    }
 
     /// Granularity of physical pages and virtual reservations (2 MiB on CUDA).
     fn granularity(&self) -> u64;

@@ -306,6 +306,14 @@ impl Device for SimDevice {
         Ok(())
     }
 
+    /// The simulated device knows every stream: waiting for one advances
+    /// the host clock to that stream's clock, without a device-wide sync.
+    fn synchronize_stream(&mut self, stream: StreamId) -> Result<bool, DeviceError> {
+        let t = self.stream_clock_us.get(&stream).copied().unwrap_or(0.0);
+        self.now_us = self.now_us.max(t);
+        Ok(false)
+    }
+
     fn granularity(&self) -> u64 {
         self.cfg.granularity
     }
