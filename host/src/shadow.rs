@@ -13,7 +13,7 @@
 //!   handle of the primary, and none of its failures is returned — an
 //!   unknown id, an allocator error or even a panic inside the shadow is
 //!   counted in [`Shadow::errors`] (a panic disables the shadow for the rest
-//!   of the run);
+//!   of the run; a panicking step-end callback is removed);
 //! - fed a trace, the shadow's [`Shadow::metrics`] equal those of a replay
 //!   ([`crate::replay::replay`]) of that trace with the shadow's policies,
 //!   apart from the timing keys (`wall_seconds`: time spent inside the
@@ -141,8 +141,13 @@ impl Shadow {
                 allocator: allocator_metrics(&self.alloc),
                 errors: self.errors,
             };
-            if let Some(cb) = self.on_step_end.as_mut() {
-                cb(&report);
+            if let Some(mut cb) = self.on_step_end.take() {
+                // A panicking report callback is dropped, not propagated
+                // into the thread that drives the primary.
+                match catch_unwind(AssertUnwindSafe(|| cb(&report))) {
+                    Ok(()) => self.on_step_end = Some(cb),
+                    Err(_) => self.record_error(format!("step {step}: the step-end callback panicked and is removed")),
+                }
             }
             self.last_step = Some(report);
         }
@@ -405,6 +410,25 @@ mod tests {
         let st = h.status();
         assert_eq!(st.label, "pytorch");
         assert_eq!(st.metrics.frees, 1);
+    }
+
+    #[test]
+    fn a_panicking_callback_stays_in_the_shadow() {
+        let h = ShadowHandle::new(shadow("pytorch", GIB));
+        h.on_step_end(Box::new(|r: &StepReport| {
+            if r.step == 1 {
+                panic!("report sink broke");
+            }
+        }));
+        let mut tap = h.tap();
+        for step in 0..3 {
+            tap(&alloc(step + 10, MIB));
+            tap(&Event::Phase { phase: Phase::StepEnd, step });
+        }
+        assert_eq!(h.with(|s| s.errors()), 1);
+        assert!(h.with(|s| s.last_error().unwrap().contains("callback panicked")));
+        assert_eq!(h.metrics().allocs, 3);
+        assert!(!h.with(|s| s.disabled()));
     }
 
     #[test]
