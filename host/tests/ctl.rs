@@ -415,3 +415,40 @@ fn cli_ctl_finds_the_only_socket_of_the_default_directory() {
     assert!(out.contains("placement: naive → pytorch on 1 rank(s)"), "{out}");
     drop(second);
 }
+
+/// `wasmem ctl ARGS` run as the user `nobody` (needs root and `setpriv`).
+fn as_nobody(args: &[&str]) -> Option<(i32, String)> {
+    if current_uid() != 0 || !Path::new("/usr/bin/setpriv").exists() {
+        eprintln!("skipping: running as another user needs root and setpriv");
+        return None;
+    }
+    let out = Command::new("/usr/bin/setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_wasmem"), "ctl"])
+        .args(args)
+        .output()
+        .expect("run setpriv");
+    Some((out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned()))
+}
+
+#[test]
+fn a_real_other_user_is_kept_out_twice() {
+    let d = dir("nobody");
+    let path = d.join("w.sock");
+    let p = path.to_str().unwrap();
+    let rs = ranks(1, "pytorch");
+    let _srv = server(&path, &rs, ServerOptions::default());
+    // The directory keeps other users from the socket.
+    let Some((code, err)) = as_nobody(&["--socket", p, "status"]) else { return };
+    assert_eq!(code, 1);
+    assert!(err.contains("Permission denied"), "{err}");
+    // With the filesystem opened up behind the server's back, the peer
+    // check still refuses them, and nothing changes.
+    for (f, mode) in [(&d, 0o711), (&path, 0o666)] {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let (code, err) = as_nobody(&["--socket", p, "swap", "all", "naive"]).unwrap();
+    assert_eq!(code, 1);
+    assert!(err.contains("refused: peer uid 65534 is not the owner of this process (uid 0)"), "{err}");
+    assert_eq!(rs[0].with(|a| a.policies().names()[0].clone()), "pytorch");
+    assert_eq!(status(&path).ranks[0].policies.placement, "pytorch");
+}
