@@ -729,7 +729,10 @@ fn run(cli: Cli) -> Result<()> {
                 }
             }
         }
-        Command::Synth { model, output, zero: None, .. } => {
+        Command::Synth { model, output, zero: None, ranks, rank } => {
+            if ranks.ranks != 1 || ranks.offload.is_some() || ranks.micro_batches.is_some() || rank.is_some() {
+                bail!("--ranks, --rank, --offload and --micro-batches describe a ZeRO plan: add --zero STAGE");
+            }
             let spec = model.spec("gpt2-124m")?;
             let events = synth(&spec).map_err(|e| anyhow::anyhow!(e))?;
             let header = TraceHeader { source: format!("wasmem synth: {}", serde_json::to_string(&spec)?), ranks: 1 };

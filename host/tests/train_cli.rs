@@ -133,6 +133,9 @@ fn synth_writes_one_trace_per_rank_at_scale() {
     ]);
     assert_ne!(code, 0);
     assert!(err.contains("micro-batches"), "{err}");
+    let (code, _, err) = wasmem(&["synth", "--preset", "tiny", "--ranks", "2", "-o", small.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(err.contains("add --zero"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -190,3 +190,22 @@ fn configurations_the_trainer_cannot_run_are_refused() {
     let c = cfg(1, 4, false, 1);
     assert!(matches!(Trainer::new(c, allocators(3, |_| 1 << 30)), Err(TrainError::Config(_))));
 }
+
+#[test]
+fn a_silent_rank_times_every_rank_out() {
+    let mut c = cfg(2, 3, false, 3);
+    c.comm_timeout = Duration::from_millis(500);
+    let mut t = Trainer::new(c, allocators(3, |_| 8 << 30)).unwrap();
+    // Rank 1 stops answering (alive, holding its communicator) at step 1.
+    t.on_step(Arc::new(|rank, step, _| {
+        if rank == 1 && step == 1 {
+            std::thread::sleep(Duration::from_secs(3));
+        }
+        Ok(())
+    }));
+    let e = t.run().unwrap_err();
+    match &e {
+        TrainError::Comm(wasmem::comm::CommError::Timeout { missing, .. }) => assert_eq!(missing, &vec![1], "{e}"),
+        other => panic!("expected a timeout naming rank 1, got {other}"),
+    }
+}
