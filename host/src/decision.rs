@@ -228,6 +228,12 @@ pub struct EvictionCandidate {
     pub in_use: bool,
     /// Pinned by the client: must not move.
     pub pinned: bool,
+    /// Phase of its last use (engine-side only: not passed to WebAssembly policies).
+    pub phase: Option<Phase>,
+    /// Position of its next use in the workload (`Some(u64::MAX)`: never
+    /// again), known only to a replay with look-ahead (see
+    /// [`EvictionPolicy::needs_future`]); engine-side only.
+    pub next_use: Option<u64>,
 }
 
 impl EvictionCandidate {
@@ -248,6 +254,21 @@ pub trait EvictionPolicy: Send {
         candidates: &[EvictionCandidate],
         ctx: &PolicyContext,
     ) -> Result<Vec<TensorId>, PolicyError>;
+
+    /// Orders off-device tensors (`offloaded`, their `tier` not `Device`) for
+    /// prefetch at a phase boundary, soonest needed first. `None` (the
+    /// default): the engine's own order (most recently evicted first). The
+    /// engine validates the answer like a victim list and ignores an invalid one.
+    fn prefetch_order(&mut self, _offloaded: &[EvictionCandidate], _ctx: &PolicyContext) -> Option<Vec<TensorId>> {
+        None
+    }
+
+    /// Whether the policy reads the workload's future (`next_use`): an
+    /// offline policy, whose results are a bound for comparisons, not
+    /// something a live engine can achieve. A replay then pre-scans the trace.
+    fn needs_future(&self) -> bool {
+        false
+    }
 }
 
 /// Checks a victim list: every victim offered, evictable, and listed once.
@@ -364,6 +385,8 @@ mod tests {
             use_count: 0,
             in_use,
             pinned: false,
+            phase: None,
+            next_use: None,
         };
         let cands = [c(1, false), c(2, true)];
         assert_eq!(validate_victims(&cands, &[cands[0].id]), Ok(10));

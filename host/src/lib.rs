@@ -23,7 +23,9 @@
 //! ## Layers
 //!
 //! [`alloc`] (the caching allocator) asks the decision traits of [`decision`];
-//! [`builtin`] holds the native policies; [`device`] holds the backends.
+//! [`builtin`] holds the native policies; [`device`] holds the backends;
+//! [`tier`] holds what is not on the device (host memory, spill files) for the
+//! allocator's eviction, bring-back and prefetch.
 
 #![warn(missing_docs)]
 
@@ -41,6 +43,7 @@ pub mod report;
 pub mod shadow;
 pub mod shard;
 pub mod synth;
+pub mod tier;
 pub mod trace;
 #[cfg(feature = "wasm")]
 pub mod train;

@@ -21,6 +21,7 @@ use wasmem::replay::{replay_split, Metrics, ReplayConfig, Split, SplitHook};
 use wasmem::report;
 use wasmem::shadow::{Shadow, ShadowHandle};
 use wasmem::synth::{synth, ModelSpec, Optimizer};
+use wasmem::tier::TierConfig;
 use wasmem::trace::Event;
 use wasmem::trace::{snapshot, FileTraceWriter, TraceHeader, TraceReader};
 use wasmem::types::parse_size;
@@ -39,9 +40,9 @@ enum Command {
     Replay {
         #[command(flatten)]
         common: Common,
-        /// Policy: a built-in name (naive, pytorch, lifecycle), a shipped policy
-        /// name (pytorch-like, lru-evict, …), a `.wasm` path, or `a+b` to take each
-        /// role from the first part that provides it.
+        /// Policy: a built-in name (naive, pytorch, lifecycle; eviction only: lru,
+        /// dtr, belady), a shipped policy name (pytorch-like, lru-evict, …), a
+        /// `.wasm` path, or `a+b` to take each role from the first part that provides it.
         #[arg(long, default_value = "lifecycle")]
         policy: String,
         /// Write the replay's final state and actions as a PyTorch memory
@@ -330,6 +331,72 @@ struct Common {
     /// rank's computation: the default is longer than replay's).
     #[arg(long, default_value_t = 50.0)]
     deadline_ms: f64,
+    #[command(flatten)]
+    tiers: TierArgs,
+}
+
+/// Host and disk tiers of a replay (eviction instead of OOM, prefetch).
+#[derive(Args, Clone)]
+struct TierArgs {
+    /// Do not evict to host or disk: a request the device cannot serve is an OOM.
+    #[arg(long)]
+    no_offload: bool,
+    /// Host-tier capacity (host memory for evicted tensors).
+    #[arg(long, default_value = "1TiB", value_parser = parse_size)]
+    host_mem: u64,
+    /// Device-host copy bandwidth in GB/s.
+    #[arg(long, default_value_t = 25.0)]
+    host_gbps: f64,
+    /// Spill directory for the disk tier (default: a fresh temporary directory, removed at exit).
+    #[arg(long)]
+    spill_dir: Option<PathBuf>,
+    /// Largest size of the disk tier (a full disk past it).
+    #[arg(long, value_parser = parse_size)]
+    disk_quota: Option<u64>,
+    /// Prefetch off-device tensors at phase boundaries (off by default: on
+    /// the sample traces it adds traffic; see ARCHITECTURE.md, Tiers).
+    #[arg(long)]
+    prefetch: bool,
+    /// Largest fraction of the device prefetched at one phase boundary.
+    #[arg(long, default_value_t = 0.25)]
+    prefetch_fraction: f64,
+    /// Prefetch only while this fraction of the device stays free, on top of
+    /// what the coming phase grew by the last time it ran.
+    #[arg(long, default_value_t = 0.05)]
+    prefetch_headroom: f64,
+}
+
+impl TierArgs {
+    fn config(&self) -> Result<Option<TierConfig>> {
+        if self.no_offload {
+            return Ok(None);
+        }
+        if !(self.host_gbps.is_finite() && self.host_gbps > 0.0) {
+            bail!("--host-gbps must be a positive number of GB/s, not {}", self.host_gbps);
+        }
+        if let Some(dir) = &self.spill_dir {
+            // Replays carry no contents and write no spill file: check the directory now.
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("--spill-dir: cannot create spill directory {}", dir.display()))?;
+        }
+        for (flag, v) in
+            [("--prefetch-fraction", self.prefetch_fraction), ("--prefetch-headroom", self.prefetch_headroom)]
+        {
+            if !(0.0..=1.0).contains(&v) {
+                bail!("{flag} must be between 0 and 1, not {v}");
+            }
+        }
+        Ok(Some(TierConfig {
+            host_capacity: self.host_mem,
+            host_gbps: self.host_gbps,
+            spill_dir: self.spill_dir.clone(),
+            disk_quota: self.disk_quota.unwrap_or(u64::MAX),
+            prefetch: self.prefetch,
+            prefetch_fraction: self.prefetch_fraction,
+            prefetch_headroom: self.prefetch_headroom,
+            ..TierConfig::default()
+        }))
+    }
 }
 
 /// The policy runtime of this process (one engine, one artifact cache).
@@ -478,10 +545,19 @@ fn run_on<D: Device + 'static>(
 ) -> Result<RunOut> {
     let (progress, export) = (opts.progress, opts.export);
     let reader = input.events()?;
+    let tiers = common.tiers.config()?;
     let shadow = match opts.shadow {
         Some(q) => {
             let dev = SimConfig { capacity: alloc.device().capacity(), ..SimConfig::default() };
-            Some(ShadowHandle::new(Shadow::new(q, policies_for(q, common.deadline_ms)?, dev)))
+            let policies = policies_for(q, common.deadline_ms)?;
+            if policies.eviction.needs_future() {
+                bail!("--shadow {q}: its eviction reads the trace's future, which a shadow never sees");
+            }
+            let mut s = Shadow::new(q, policies, dev);
+            if let Some(t) = &tiers {
+                s = s.with_tiers(t.clone());
+            }
+            Some(ShadowHandle::new(s))
         }
         None => None,
     };
@@ -500,6 +576,7 @@ fn run_on<D: Device + 'static>(
         device: SimConfig { capacity: common.device_mem, ..SimConfig::default() },
         record_actions: export.is_some(),
         sample_every: opts.sample_every,
+        tiers,
     };
     let bar = progress.then(|| {
         let b = indicatif::ProgressBar::new_spinner();

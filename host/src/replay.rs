@@ -13,6 +13,7 @@ use crate::alloc::{ActionKind, AllocError, Allocator, PauseHistogram, Stats};
 use crate::builtin::Policies;
 use crate::device::sim::{SimConfig, SimDevice};
 use crate::device::Device;
+use crate::tier::{TierConfig, TierStats};
 use crate::trace::snapshot::export::{
     BlockState, ExportBlock, ExportInput, ExportSegment, ExportTraceEntry, TraceAction,
 };
@@ -28,6 +29,8 @@ pub struct ReplayConfig {
     pub sample_every: u64,
     /// Record allocator actions (for snapshot export).
     pub record_actions: bool,
+    /// Enable the host and disk tiers (eviction instead of OOM, prefetch).
+    pub tiers: Option<TierConfig>,
 }
 
 impl Default for ReplayConfig {
@@ -36,6 +39,7 @@ impl Default for ReplayConfig {
             device: SimConfig { capacity: 80 * GIB, ..SimConfig::default() },
             sample_every: 0,
             record_actions: false,
+            tiers: None,
         }
     }
 }
@@ -105,6 +109,25 @@ pub struct Metrics {
     pub gc_pause_us_p99: f64,
     /// Longest GC pause in simulated microseconds.
     pub gc_pause_us_max: f64,
+    /// Simulated time the workload waited for copies between tiers, microseconds.
+    pub stall_us: f64,
+    /// Bytes brought back on demand (a use of an off-device tensor).
+    pub fetched_bytes: u64,
+    /// Bytes moved from the host tier to spill files.
+    pub spilled_bytes: u64,
+    /// Tensors moved off the device.
+    pub evictions: u64,
+    /// Peak bytes on the host tier.
+    pub peak_host_bytes: u64,
+    /// Peak bytes on the disk tier.
+    pub peak_disk_bytes: u64,
+    /// Traffic between tiers: `evicted + prefetched + fetched` bytes.
+    pub tier_traffic_bytes: u64,
+    /// The eviction policy read the workload's future (Belady): an offline
+    /// bound for comparisons, not an achievable result.
+    pub offline_bound: bool,
+    /// The first request that failed after every remedy (event and reason).
+    pub first_oom: Option<String>,
 }
 
 /// A sample of the allocator's gauges over the trace.
@@ -150,6 +173,49 @@ pub enum ReplayError {
         /// The error.
         source: AllocError,
     },
+}
+
+/// The events of a replay: read as they come, or buffered for a look-ahead.
+enum Source<It> {
+    Lazy(It),
+    Buffered(std::vec::IntoIter<Event>),
+}
+
+impl<It, E> Iterator for Source<It>
+where
+    It: Iterator<Item = Result<Event, E>>,
+    E: std::fmt::Display,
+{
+    type Item = Result<Event, String>;
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            Source::Lazy(it) => it.next().map(|e| e.map_err(|e| e.to_string())),
+            Source::Buffered(it) => it.next().map(Ok),
+        }
+    }
+}
+
+/// For every `alloc` and `use` event, the index of the next `use` of the same
+/// tensor before it is freed (`u64::MAX`: none), by a backward scan.
+pub fn next_uses(events: &[Event]) -> Vec<u64> {
+    let mut next = vec![u64::MAX; events.len()];
+    let mut upcoming: FxHashMap<u64, u64> = FxHashMap::default();
+    for (i, ev) in events.iter().enumerate().rev() {
+        match ev {
+            Event::Free { id, .. } => {
+                upcoming.insert(*id, u64::MAX);
+            }
+            Event::Use { id, .. } => {
+                next[i] = upcoming.get(id).copied().unwrap_or(u64::MAX);
+                upcoming.insert(*id, i as u64);
+            }
+            Event::Alloc { id, .. } => {
+                next[i] = upcoming.remove(id).unwrap_or(u64::MAX);
+            }
+            Event::Phase { .. } => {}
+        }
+    }
+    next
 }
 
 /// Replays `events` with `policies` on a fresh simulated device.
@@ -216,7 +282,21 @@ where
     I: IntoIterator<Item = Result<Event, E>>,
     E: std::fmt::Display,
 {
-    let mut first: Option<(Metrics, Stats, crate::device::DeviceCounters, usize)> = None;
+    let mut first: Option<(Metrics, Stats, crate::device::DeviceCounters, usize, TierStats)> = None;
+    if let Some(t) = &cfg.tiers {
+        alloc.enable_tiers(t.clone());
+    }
+    let (events, future) = if alloc.eviction_needs_future() {
+        let evs = events
+            .into_iter()
+            .enumerate()
+            .map(|(n, e)| e.map_err(|e| ReplayError::Source(format!("event {n}: {e}"))))
+            .collect::<Result<Vec<Event>, _>>()?;
+        let next = next_uses(&evs);
+        (Source::Buffered(evs.into_iter()), Some(next))
+    } else {
+        (Source::Lazy(events.into_iter()), None)
+    };
     let mut half_peak_live = 0u64;
     alloc.record_actions(cfg.record_actions);
     let start = Instant::now();
@@ -226,13 +306,14 @@ where
     let mut samples = Vec::new();
     for (n, ev) in events.into_iter().enumerate() {
         let n = n as u64;
-        let ev = ev.map_err(|e| ReplayError::Source(e.to_string()))?;
+        let ev = ev.map_err(ReplayError::Source)?;
+        let next_use = future.as_ref().map(|f| f[n as usize]);
         if split.as_ref().is_some_and(|s| s.at == n) {
             let s = split.take().expect("checked");
             let mut fm = m.clone();
-            fill(&mut fm, &alloc.stats(), alloc.device(), alloc.gc_pauses());
+            fill(&mut fm, &alloc.stats(), alloc.device(), alloc.gc_pauses(), &alloc.tier_stats());
             fm.wall_seconds = start.elapsed().as_secs_f64();
-            first = Some((fm, alloc.stats(), alloc.device().counters(), alloc.gc_pauses().len()));
+            first = Some((fm, alloc.stats(), alloc.device().counters(), alloc.gc_pauses().len(), alloc.tier_stats()));
             (s.hook)(&mut alloc);
             alloc.reset_peaks();
             half_peak_live = live;
@@ -248,8 +329,16 @@ where
                     None
                 } else {
                     match alloc.alloc(bytes, kind, StreamId(stream)) {
-                        Ok(h) => Some(h),
-                        Err(AllocError::OutOfMemory { .. }) => None,
+                        Ok(h) => {
+                            if next_use.is_some() {
+                                alloc.set_next_use(h, next_use);
+                            }
+                            Some(h)
+                        }
+                        Err(e @ AllocError::OutOfMemory { .. }) => {
+                            m.first_oom.get_or_insert_with(|| format!("event {n}: {e}"));
+                            None
+                        }
                         Err(e) => return Err(ReplayError::Alloc { event: n, source: e }),
                     }
                 };
@@ -266,9 +355,18 @@ where
             Event::Use { id, stream } => {
                 let &(h, _) = ids.get(&id).ok_or(ReplayError::UnknownId { event: n, id })?;
                 if let Some(h) = h {
-                    alloc
-                        .use_tensor(h, stream.map(StreamId))
-                        .map_err(|e| ReplayError::Alloc { event: n, source: e })?;
+                    match alloc.use_tensor(h, stream.map(StreamId)) {
+                        Ok(()) => {
+                            if next_use.is_some() {
+                                alloc.set_next_use(h, next_use);
+                            }
+                        }
+                        // Bringing it back failed after every remedy: counted, left where it is.
+                        Err(e @ AllocError::OutOfMemory { .. }) => {
+                            m.first_oom.get_or_insert_with(|| format!("event {n} (use of trace id {id}): {e}"));
+                        }
+                        Err(e) => return Err(ReplayError::Alloc { event: n, source: e }),
+                    }
                 }
             }
             Event::Phase { phase, step } => {
@@ -285,10 +383,11 @@ where
         }
     }
     let wall = start.elapsed().as_secs_f64();
-    fill(&mut m, &alloc.stats(), alloc.device(), alloc.gc_pauses());
+    fill(&mut m, &alloc.stats(), alloc.device(), alloc.gc_pauses(), &alloc.tier_stats());
+    m.offline_bound = alloc.eviction_needs_future();
     m.wall_seconds = wall;
     m.events_per_second = if wall > 0.0 { m.events as f64 / wall } else { 0.0 };
-    let halves = first.map(|(f, stats0, dev0, pauses0)| {
+    let halves = first.map(|(f, stats0, dev0, pauses0, tiers0)| {
         let mut sm = Metrics {
             events: m.events - f.events,
             allocs: m.allocs - f.allocs,
@@ -298,7 +397,9 @@ where
             ..Metrics::default()
         };
         let s = alloc.stats();
-        fill(&mut sm, &s.minus(&stats0), alloc.device(), &alloc.gc_pauses().since(pauses0));
+        let ts = alloc.tier_stats().minus(&tiers0);
+        fill(&mut sm, &s.minus(&stats0), alloc.device(), &alloc.gc_pauses().since(pauses0), &ts);
+        sm.offline_bound = m.offline_bound;
         sm.device_time_us = alloc.device().counters().time_us - dev0.time_us;
         sm.wall_seconds = wall - f.wall_seconds;
         sm.events_per_second = if sm.wall_seconds > 0.0 { sm.events as f64 / sm.wall_seconds } else { 0.0 };
@@ -310,7 +411,14 @@ where
 }
 
 /// Fills the allocator-derived keys of `m` (everything but the event counts and timing).
-pub(crate) fn fill<D: Device>(m: &mut Metrics, s: &Stats, dev: &D, pauses: &PauseHistogram) {
+pub(crate) fn fill<D: Device>(m: &mut Metrics, s: &Stats, dev: &D, pauses: &PauseHistogram, ts: &TierStats) {
+    m.stall_us = ts.stall_us;
+    m.fetched_bytes = ts.fetched_bytes;
+    m.spilled_bytes = ts.spilled_bytes;
+    m.evictions = ts.evictions;
+    m.peak_host_bytes = ts.peak_host_bytes;
+    m.peak_disk_bytes = ts.peak_disk_bytes;
+    m.tier_traffic_bytes = s.evicted_bytes + s.prefetched_bytes + ts.fetched_bytes;
     m.deferred_frees = s.deferred_frees;
     m.gc_pauses = s.gc_pauses;
     m.gc_pause_us_p50 = pauses.quantile(0.5);

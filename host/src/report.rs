@@ -14,6 +14,7 @@ enum Unit {
     Ratio,
     Seconds,
     Rate,
+    Micros,
 }
 
 /// One row of a table: key, unit, getter.
@@ -32,6 +33,12 @@ fn rows() -> Vec<Row> {
         ("ooms", Unit::Count, |m| m.ooms as f64),
         ("evicted_bytes", Unit::Bytes, |m| m.evicted_bytes as f64),
         ("prefetched_bytes", Unit::Bytes, |m| m.prefetched_bytes as f64),
+        ("fetched_bytes", Unit::Bytes, |m| m.fetched_bytes as f64),
+        ("tier_traffic_bytes", Unit::Bytes, |m| m.tier_traffic_bytes as f64),
+        ("stall_us", Unit::Micros, |m| m.stall_us),
+        ("spilled_bytes", Unit::Bytes, |m| m.spilled_bytes as f64),
+        ("peak_host_bytes", Unit::Bytes, |m| m.peak_host_bytes as f64),
+        ("peak_disk_bytes", Unit::Bytes, |m| m.peak_disk_bytes as f64),
         ("moved_bytes", Unit::Bytes, |m| m.moved_bytes as f64),
         ("policy_calls", Unit::Count, |m| m.policy_calls as f64),
         ("policy_traps", Unit::Count, |m| m.policy_traps as f64),
@@ -49,6 +56,7 @@ fn show(unit: Unit, v: f64) -> String {
         Unit::Ratio => format!("{v:.4}"),
         Unit::Seconds => format!("{v:.3} s"),
         Unit::Rate => format!("{:.2} M/s", v / 1e6),
+        Unit::Micros => format!("{v:.1} µs"),
     }
 }
 
@@ -79,11 +87,45 @@ pub fn comparison_table(title: &str, columns: &[(String, Metrics)]) -> String {
         }
         out.push('\n');
     }
+    for (name, m) in columns {
+        if m.offline_bound {
+            let _ = writeln!(
+                out,
+                "note: {name} reads the workload's future (Belady): an offline bound, not achievable live"
+            );
+        }
+    }
     out
 }
 
 /// A short summary of one replay.
 pub fn summary(trace: &str, policy: &str, m: &Metrics) -> String {
+    let mut s = summary_line(trace, policy, m);
+    if m.evictions > 0 || m.tier_traffic_bytes > 0 {
+        let _ = write!(
+            s,
+            "\n  tiers: evicted {} ({} tensors), prefetched {}, fetched on use {}, spilled to disk {}, \
+             stall {:.1} µs, peak host {}, peak disk {}",
+            human_bytes(m.evicted_bytes),
+            m.evictions,
+            human_bytes(m.prefetched_bytes),
+            human_bytes(m.fetched_bytes),
+            human_bytes(m.spilled_bytes),
+            m.stall_us,
+            human_bytes(m.peak_host_bytes),
+            human_bytes(m.peak_disk_bytes),
+        );
+    }
+    if m.offline_bound {
+        s.push_str("\n  note: the eviction policy reads the workload's future (Belady): an offline bound");
+    }
+    if let Some(e) = &m.first_oom {
+        let _ = write!(s, "\n  first OOM: {e}");
+    }
+    s
+}
+
+fn summary_line(trace: &str, policy: &str, m: &Metrics) -> String {
     format!(
         "{trace} · {policy}: peak reserved {} for peak live {} (overhead {:.4}), peak allocated {}, \
          {} device allocs / {} frees / {} syncs, {} OOMs, {} policy calls ({} traps, {} fallbacks), \

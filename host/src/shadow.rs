@@ -18,9 +18,15 @@
 //!   ([`crate::replay::replay`]) of that trace with the shadow's policies,
 //!   apart from the timing keys (`wall_seconds`: time spent inside the
 //!   shadow, `events_per_second`) — tested in `tests/shadow.rs`;
-//! - out-of-memory in the shadow is an outcome (counted in `ooms`), as in a
-//!   replay: the tensor is tracked without storage and its later events are
-//!   no-ops.
+//! - out-of-memory in the shadow is an outcome (counted in `ooms`, the first
+//!   one named in `first_oom`), as in a replay: the tensor is tracked without
+//!   storage and its later events are no-ops; with tiers
+//!   ([`Shadow::with_tiers`], the primary's configuration) it evicts to its
+//!   own bookkeeping of the host and disk tiers instead, moving no byte.
+//!
+//! A shadow sees events as they come: it has no future, so an eviction policy
+//! that reads one (`belady`, [`crate::decision::EvictionPolicy::needs_future`])
+//! decides without it there (`wasmem replay --shadow` refuses it).
 //!
 //! [`ShadowHandle`] shares a shadow between the thread that feeds it (through
 //! [`ShadowHandle::tap`], a `Box<dyn FnMut(&Event) + Send>`) and readers of its
@@ -44,6 +50,7 @@ use crate::builtin::Policies;
 use crate::device::sim::{SimConfig, SimDevice};
 use crate::device::Device;
 use crate::replay::Metrics;
+use crate::tier::TierConfig;
 use crate::trace::Event;
 use crate::types::{Phase, StreamId, TensorId};
 
@@ -111,6 +118,14 @@ impl Shadow {
             last_step: None,
             on_step_end: None,
         }
+    }
+
+    /// Enables the host and disk tiers with the primary's configuration
+    /// (bookkeeping only: the shadow's device holds no contents, so no byte
+    /// is copied and no spill file written).
+    pub fn with_tiers(mut self, cfg: TierConfig) -> Self {
+        self.alloc.enable_tiers(cfg);
+        self
     }
 
     /// The shadow's label.
@@ -181,7 +196,10 @@ impl Shadow {
                 } else {
                     match self.alloc.alloc(bytes, kind, StreamId(stream)) {
                         Ok(h) => Some(h),
-                        Err(AllocError::OutOfMemory { .. }) => None,
+                        Err(e @ AllocError::OutOfMemory { .. }) => {
+                            self.m.first_oom.get_or_insert_with(|| format!("event {n}: {e}"));
+                            None
+                        }
                         Err(e) => {
                             self.live -= bytes;
                             return Err(err(e));
@@ -202,7 +220,14 @@ impl Shadow {
             Event::Use { id, stream } => {
                 let &(h, _) = self.ids.get(&id).ok_or_else(|| format!("event {n}: tensor id {id} is not live"))?;
                 if let Some(h) = h {
-                    self.alloc.use_tensor(h, stream.map(StreamId)).map_err(err)?;
+                    match self.alloc.use_tensor(h, stream.map(StreamId)) {
+                        Ok(()) => {}
+                        // Bringing it back failed after every remedy: an outcome, as in a replay.
+                        Err(e @ AllocError::OutOfMemory { .. }) => {
+                            self.m.first_oom.get_or_insert_with(|| format!("event {n} (use of trace id {id}): {e}"));
+                        }
+                        Err(e) => return Err(err(e)),
+                    }
                 }
             }
             Event::Phase { phase, step } => self.alloc.phase(phase, step).map_err(err)?,
@@ -213,7 +238,9 @@ impl Shadow {
     /// Metrics so far, with the keys and meaning of a replay's.
     pub fn metrics(&self) -> Metrics {
         let mut m = self.m.clone();
-        crate::replay::fill(&mut m, &self.alloc.stats(), self.alloc.device(), self.alloc.gc_pauses());
+        let a = &self.alloc;
+        crate::replay::fill(&mut m, &a.stats(), a.device(), a.gc_pauses(), &a.tier_stats());
+        m.offline_bound = a.eviction_needs_future();
         m.wall_seconds = self.busy.as_secs_f64();
         m.events_per_second = if m.wall_seconds > 0.0 { m.events as f64 / m.wall_seconds } else { 0.0 };
         m
@@ -328,7 +355,7 @@ pub fn allocator_metrics<D: Device>(alloc: &Allocator<D>) -> Metrics {
     let s = alloc.stats();
     let mut m =
         Metrics { allocs: s.allocs, frees: s.frees, peak_live_bytes: s.bytes.peak_live_bytes, ..Metrics::default() };
-    crate::replay::fill(&mut m, &s, alloc.device(), alloc.gc_pauses());
+    crate::replay::fill(&mut m, &s, alloc.device(), alloc.gc_pauses(), &alloc.tier_stats());
     m.uses = s.uses;
     m
 }

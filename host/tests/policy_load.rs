@@ -146,3 +146,22 @@ fn specs_resolve_builtins_shipped_names_paths_and_combinations() {
         "{msg}"
     );
 }
+
+#[test]
+fn eviction_only_builtins_provide_only_their_role() {
+    let rt = common::relaxed_runtime();
+    let r = resolve_with(&rt, "dtr+lifecycle").unwrap();
+    assert_eq!(r.policies.eviction.name(), "dtr");
+    assert_eq!(r.policies.placement.name(), "lifecycle");
+    assert_eq!(r.sources, [Some("lifecycle".into()), Some("lifecycle".into()), Some("dtr".into())]);
+    // `lifecycle` provides all three roles first.
+    let r = resolve_with(&rt, "lifecycle+belady").unwrap();
+    assert_eq!(r.policies.eviction.name(), "lru");
+    // Alone: the default placement and reclamation.
+    let r = resolve_with(&rt, "belady").unwrap();
+    assert_eq!((r.policies.placement.name(), r.policies.eviction.name()), ("pytorch", "belady"));
+    assert_eq!(r.sources[0], None);
+    assert!(r.policies.eviction.needs_future());
+    let msg = resolve_with(&rt, "no-such-policy").unwrap_err().to_string();
+    assert!(msg.contains("lru, dtr, belady"), "{msg}");
+}

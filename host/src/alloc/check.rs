@@ -86,6 +86,9 @@ impl<D: Device> Allocator<D> {
             return Err(format!("{} blocks exist but {} are linked", self.blocks.len(), seen_blocks.len()));
         }
         for (id, t) in self.tensors.iter() {
+            if t.tier != crate::types::Tier::Device {
+                continue; // checked by check_tiers
+            }
             match self.blocks.try_get(t.block) {
                 Some(b) if b.tensor == id.slot => {}
                 _ => return Err(format!("{id} does not map to a block that holds it")),
@@ -123,6 +126,7 @@ impl<D: Device> Allocator<D> {
         }
         check_peaks(g)?;
         self.check_pending()?;
+        self.check_tiers()?;
         for (&slot, &n) in &self.pins {
             if n == 0 || self.tensors.by_slot(slot).is_none() {
                 return Err(format!("pin count {n} on slot {slot}, which holds no live tensor"));

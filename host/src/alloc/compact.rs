@@ -21,8 +21,9 @@ use crate::types::{StreamId, TensorId};
 impl<D: Device> Allocator<D> {
     /// Pins a live tensor: compaction (and eviction) will not move it until
     /// the matching [`Allocator::unpin`]. Pins nest.
+    /// A tensor off the device is brought back first.
     pub fn pin(&mut self, id: TensorId) -> Result<(), AllocError> {
-        self.tensors.get(id).ok_or(AllocError::UnknownTensor(id))?;
+        self.ensure_resident(id)?;
         *self.pins.entry(id.slot).or_insert(0) += 1;
         Ok(())
     }

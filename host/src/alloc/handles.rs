@@ -7,7 +7,7 @@
 //! - a slot's generation grows by one each time the slot is freed, so a stale
 //!   [`TensorId`] never resolves to a newer tensor.
 
-use crate::types::{StreamId, TensorId, TensorKind};
+use crate::types::{Phase, StreamId, TensorId, TensorKind, Tier};
 
 /// What the engine knows of one live tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +26,14 @@ pub struct Tensor {
     pub use_count: u64,
     /// Used on a stream other than its own since allocation.
     pub cross_stream: bool,
+    /// Where its bytes are; off the device, `block` is `NIL` and the tier
+    /// store holds the bytes (see `alloc::tiering`).
+    pub tier: Tier,
+    /// Phase of the last use (or allocation).
+    pub phase: Option<Phase>,
+    /// Position of the next use in the workload, when a look-ahead knows it
+    /// (`Some(u64::MAX)`: never used again); for offline policies (Belady).
+    pub next_use: Option<u64>,
 }
 
 #[derive(Debug, Clone)]

@@ -5,6 +5,7 @@
 //!  alloc(bytes, kind, stream) ──► placement decision (pool, rounding, growth, split)
 //!        │ best fit in pool.free[(stream, size, addr)] ──hit──► split? ──► handle
 //!        └─miss──► device.alloc_segment ──OOM──► reclamation decision ──► retry once
+//!                                      └─still OOM, tiers on──► compaction, eviction (tiering)
 //!  free(id) ──► merge with free neighbours ──► pool.free (or release if uncached pool)
 //! ```
 //!
@@ -13,7 +14,9 @@
 //! - the blocks of a segment tile it without gaps or overlap;
 //! - no two neighbouring blocks are both free;
 //! - a block is free ⇔ it is in its pool's free index under its current key;
-//! - every live tensor maps to exactly one allocated block and back;
+//! - every live tensor on the device maps to exactly one allocated block and
+//!   back; a tensor on the host or disk tier holds no block (see
+//!   [`tiering`](self), whose invariants `check_invariants` checks too);
 //! - `reserved = Σ segment sizes`, `allocated = Σ allocated block sizes`,
 //!   `live = Σ requested bytes of live tensors`, per pool and in total;
 //! - `live ≤ allocated ≤ reserved ≤ device capacity`;
@@ -27,7 +30,10 @@
 //! tensor, its block and address, and the live/allocated accounting unchanged;
 //! the only state an out-of-memory path may change is cached memory released
 //! by the reclamation remedy, and it is not even tried when the device reports
-//! that releasing everything cached could not make room.
+//! that releasing everything cached could not make room. With the tiers
+//! enabled, tensors moved off the device (and blocks moved by compaction)
+//! while trying to serve a request stay moved, with their contents, when the
+//! request still fails.
 
 mod check;
 mod compact;
@@ -38,6 +44,7 @@ mod policies;
 mod pool;
 mod slab;
 mod stats;
+mod tiering;
 
 pub use deferred::PendingView;
 pub use handles::Tensor;
@@ -52,6 +59,7 @@ use crate::decision::{
     ReclamationPolicy,
 };
 use crate::device::{Device, DeviceError, DevicePtr};
+use crate::tier::{TierError, TierState};
 use crate::types::{Phase, StreamId, TensorId, TensorKind, Tier};
 use deferred::PendingFree;
 use handles::HandleTable;
@@ -120,6 +128,17 @@ pub enum AllocError {
     /// The device failed in an unexpected way.
     #[error("device error: {0}")]
     Device(#[from] DeviceError),
+    /// A move between tiers failed; the tensor stayed on its previous tier.
+    #[error("{0}")]
+    Tier(#[from] TierError),
+    /// The tensor is not on the device (an address was asked for).
+    #[error("{id} is on the {tier:?} tier, not on the device")]
+    NotResident {
+        /// The tensor.
+        id: TensorId,
+        /// Where it is.
+        tier: Tier,
+    },
 }
 
 /// A read-only view of one live tensor.
@@ -207,6 +226,8 @@ pub struct Allocator<D: Device> {
     /// Pin counts of pinned tensors (by handle slot).
     pins: FxHashMap<u32, u32>,
     gc_pauses: PauseHistogram,
+    /// Host and disk tiers, when enabled (see [`tiering`](self)).
+    tiers: Option<Box<TierState>>,
 }
 
 impl<D: Device> Allocator<D> {
@@ -228,6 +249,7 @@ impl<D: Device> Allocator<D> {
             pending: Vec::new(),
             pins: FxHashMap::default(),
             gc_pauses: PauseHistogram::default(),
+            tiers: None,
         };
         let default_pools = PytorchPlacement.pools();
         a.policies.default_pool_map = a.register_pools(&default_pools);
@@ -385,8 +407,43 @@ impl<D: Device> Allocator<D> {
             self.poll_pending()?;
         }
         let req = AllocRequest { bytes, kind, stream };
-        let ctx = self.context();
-        let p = self.policies.place(&req, &ctx);
+        let block = self.place_block(&req)?;
+        self.clock += 1;
+        let pool = self.segments.get(self.blocks.get(block).segment).pool as usize;
+        let b = *self.blocks.get(block);
+        let size = b.size;
+        let id = self.tensors.insert(Tensor {
+            block,
+            bytes,
+            kind,
+            stream,
+            last_use: self.clock,
+            use_count: 0,
+            cross_stream: false,
+            tier: Tier::Device,
+            phase: self.phase,
+            next_use: None,
+        });
+        self.blocks.get_mut(block).tensor = id.slot;
+        self.stats.allocs += 1;
+        self.stats.bytes.add_live(bytes, size);
+        self.pools[pool].gauges.add_live(bytes, size);
+        if let Some(ts) = self.tiers.as_deref_mut() {
+            ts.note_live(self.stats.bytes.live_bytes);
+        }
+        if self.recorder.is_some() {
+            let addr = self.segments.get(b.segment).base + b.offset;
+            self.record(ActionKind::Alloc, addr, bytes, stream, Some(kind));
+        }
+        Ok(id)
+    }
+
+    /// Finds a block for `req` (placement decision, cached block or a new
+    /// segment, eviction when tiers are enabled), split to size. The block
+    /// holds no tensor yet and is not in the free index.
+    fn place_block(&mut self, req: &AllocRequest) -> Result<u32, AllocError> {
+        let (stream, ctx) = (req.stream, self.context());
+        let p = self.policies.place(req, &ctx);
         if p.memo_hit {
             self.stats.policy_memo_hits += 1;
         }
@@ -397,9 +454,8 @@ impl<D: Device> Allocator<D> {
                 self.stats.cache_hits += 1;
                 key.3
             }
-            None => self.grow(p.pool, p.segment, &req)?,
+            None => self.grow_or_evict(p.pool, p.segment, p.rounded, p.decision.max_waste, req)?,
         };
-        self.clock += 1;
         // Split off the remainder when the decision says so.
         let b = *self.blocks.get(block);
         let remainder = b.size - p.rounded;
@@ -422,25 +478,7 @@ impl<D: Device> Allocator<D> {
             let key = (seg.stream, remainder, seg.base + b.offset + p.rounded, rest);
             self.pools[pool].free.insert(key);
         }
-        let size = self.blocks.get(block).size;
-        let id = self.tensors.insert(Tensor {
-            block,
-            bytes,
-            kind,
-            stream,
-            last_use: self.clock,
-            use_count: 0,
-            cross_stream: false,
-        });
-        self.blocks.get_mut(block).tensor = id.slot;
-        self.stats.allocs += 1;
-        self.stats.bytes.add_live(bytes, size);
-        self.pools[pool].gauges.add_live(bytes, size);
-        if self.recorder.is_some() {
-            let addr = self.segments.get(b.segment).base + b.offset;
-            self.record(ActionKind::Alloc, addr, bytes, stream, Some(kind));
-        }
-        Ok(id)
+        Ok(block)
     }
 
     /// Obtains a new segment for `req` in `pool`; returns its single block,
@@ -470,7 +508,6 @@ impl<D: Device> Allocator<D> {
                 match (hopeless, self.device.alloc_segment(segment_bytes)) {
                     (false, Ok(b)) => b,
                     (_, Err(DeviceError::OutOfMemory { .. })) | (true, _) => {
-                        self.stats.ooms += 1;
                         return Err(AllocError::OutOfMemory {
                             bytes: req.bytes,
                             kind: req.kind,
@@ -514,6 +551,13 @@ impl<D: Device> Allocator<D> {
     pub fn free(&mut self, id: TensorId) -> Result<(), AllocError> {
         let t = self.tensors.remove(id).ok_or(AllocError::UnknownTensor(id))?;
         self.clock += 1;
+        if t.tier != Tier::Device {
+            self.free_offloaded(id);
+            return Ok(());
+        }
+        if let Some(ts) = self.tiers.as_mut() {
+            ts.ready_at.remove(&id.slot);
+        }
         let blk = t.block;
         let b = self.blocks.get_mut(blk);
         b.tensor = NIL;
@@ -586,10 +630,15 @@ impl<D: Device> Allocator<D> {
 
     /// Records a use of a tensor on `stream` (default: its own stream).
     pub fn use_tensor(&mut self, id: TensorId, stream: Option<StreamId>) -> Result<(), AllocError> {
+        if self.tiers.is_some() {
+            self.use_tiered(id)?;
+        }
         let clock = self.clock + 1;
+        let phase = self.phase;
         let t = self.tensors.get_mut(id).ok_or(AllocError::UnknownTensor(id))?;
         t.last_use = clock;
         t.use_count += 1;
+        t.phase = phase;
         if let Some(s) = stream.filter(|&s| s != t.stream) {
             t.cross_stream = true;
             let others = self.cross_uses.entry(id.slot).or_default();
@@ -607,9 +656,14 @@ impl<D: Device> Allocator<D> {
         if !self.pending.is_empty() {
             self.poll_pending()?;
         }
-        self.phase = Some(phase);
+        let old = self.phase.replace(phase);
         self.step = step;
-        self.run_reclaim(&ReclaimTrigger::Phase { phase, step })
+        self.run_reclaim(&ReclaimTrigger::Phase { phase, step })?;
+        let live = self.stats.bytes.live_bytes;
+        if let Some(growth) = self.tiers.as_deref_mut().and_then(|t| t.phase_boundary(old, Some(phase), live)) {
+            self.prefetch(growth)?;
+        }
+        Ok(())
     }
 
     fn run_reclaim(&mut self, trigger: &ReclaimTrigger) -> Result<(), AllocError> {
@@ -730,8 +784,9 @@ impl<D: Device> Allocator<D> {
     }
 
     /// A view of a live tensor.
+    /// `None` also for a tensor that is not on the device (see [`Allocator::tier`]).
     pub fn tensor(&self, id: TensorId) -> Option<TensorInfo> {
-        let t = self.tensors.get(id)?;
+        let t = self.tensors.get(id).filter(|t| t.tier == Tier::Device)?;
         let b = self.blocks.get(t.block);
         let s = self.segments.get(b.segment);
         Some(TensorInfo {
@@ -751,7 +806,10 @@ impl<D: Device> Allocator<D> {
 
     /// The current device address of a tensor (valid until the next allocator call).
     pub fn address(&self, id: TensorId) -> Result<DevicePtr, AllocError> {
-        self.tensor(id).map(|t| t.address).ok_or(AllocError::UnknownTensor(id))
+        match self.tensors.get(id) {
+            Some(t) if t.tier != Tier::Device => Err(AllocError::NotResident { id, tier: t.tier }),
+            _ => self.tensor(id).map(|t| t.address).ok_or(AllocError::UnknownTensor(id)),
+        }
     }
 
     fn bounds(&self, id: TensorId, offset: u64, len: usize) -> Result<DevicePtr, AllocError> {
@@ -763,14 +821,18 @@ impl<D: Device> Allocator<D> {
         Ok(t.address + offset)
     }
 
-    /// Writes `data` into a tensor at `offset` (host-backed devices only).
+    /// Writes `data` into a tensor at `offset` (host-backed devices only); a
+    /// tensor off the device is brought back first.
     pub fn write(&mut self, id: TensorId, offset: u64, data: &[u8]) -> Result<(), AllocError> {
+        self.ensure_resident(id)?;
         let addr = self.bounds(id, offset, data.len())?;
         Ok(self.device.write(addr, data)?)
     }
 
-    /// Reads a tensor's bytes at `offset` into `out` (host-backed devices only).
+    /// Reads a tensor's bytes at `offset` into `out` (host-backed devices
+    /// only); a tensor off the device is brought back first.
     pub fn read(&mut self, id: TensorId, offset: u64, out: &mut [u8]) -> Result<(), AllocError> {
+        self.ensure_resident(id)?;
         let addr = self.bounds(id, offset, out.len())?;
         Ok(self.device.read(addr, out)?)
     }
@@ -806,6 +868,7 @@ impl<D: Device> Allocator<D> {
     pub fn eviction_candidates(&self) -> Vec<EvictionCandidate> {
         self.tensors
             .iter()
+            .filter(|(_, t)| t.tier == Tier::Device)
             .map(|(id, t)| EvictionCandidate {
                 id,
                 bytes: t.bytes,
@@ -815,6 +878,8 @@ impl<D: Device> Allocator<D> {
                 use_count: t.use_count,
                 in_use: false,
                 pinned: self.pins.contains_key(&id.slot),
+                phase: t.phase,
+                next_use: t.next_use,
             })
             .collect()
     }

@@ -6,14 +6,25 @@
 //! | `pytorch` | PyTorch's CUDACachingAllocator defaults | release all cached on a failed device allocation | LRU |
 //! | `lifecycle` | pools per lifetime class, tight segments | before a pool grows, release free segments cached by others; all on a failed device allocation | LRU |
 //!
+//! Eviction-only built-ins (`lru`, `dtr`, `belady`): the `pytorch`
+//! placement and reclamation with that eviction policy. In a `+` spec they
+//! provide only the eviction role (`lifecycle+dtr` is not that: `lifecycle`
+//! provides all three roles first; write `dtr+lifecycle`). `belady` reads
+//! the workload's future: an offline bound for comparisons. The shipped
+//! WebAssembly versions of `lru` and `dtr` are `lru-evict` and `dtr-evict`.
+//!
 //! The `pytorch` policy is also the built-in *default*: the engine falls back
 //! to its decisions whenever another policy fails or answers invalidly.
 
+mod belady;
+mod dtr;
 mod lifecycle;
 mod lru;
 mod naive;
 mod pytorch;
 
+pub use belady::BeladyEviction;
+pub use dtr::DtrEviction;
 pub use lifecycle::{LifecycleClass, LifecyclePlacement, LifecycleReclamation};
 pub use lru::LruEviction;
 pub use naive::NaivePlacement;
@@ -34,8 +45,29 @@ pub struct Policies {
 /// Names of the built-in policy sets.
 pub const BUILTIN_NAMES: [&str; 3] = ["naive", "pytorch", "lifecycle"];
 
-/// The built-in policy set called `name`.
+/// Names of the built-in eviction policies (`lru` is also every set's default).
+pub const EVICTION_NAMES: [&str; 3] = ["lru", "dtr", "belady"];
+
+/// The built-in eviction policy called `name`.
+pub fn eviction_by_name(name: &str) -> Option<Box<dyn EvictionPolicy>> {
+    Some(match name {
+        "lru" => Box::new(LruEviction),
+        "dtr" => Box::new(DtrEviction),
+        "belady" => Box::new(BeladyEviction),
+        _ => return None,
+    })
+}
+
+/// The built-in policy set called `name` (an eviction-only name gives the
+/// `pytorch` set with that eviction policy).
 pub fn by_name(name: &str) -> Option<Policies> {
+    if let Some(eviction) = eviction_by_name(name) {
+        return Some(Policies {
+            placement: Box::new(PytorchPlacement),
+            reclamation: Box::new(PytorchReclamation),
+            eviction,
+        });
+    }
     let (placement, reclamation): (Box<dyn PlacementPolicy>, Box<dyn ReclamationPolicy>) = match name {
         "naive" => (Box::new(NaivePlacement), Box::new(PytorchReclamation)),
         "pytorch" => (Box::new(PytorchPlacement), Box::new(PytorchReclamation)),

@@ -118,6 +118,8 @@ pub fn tensor_from_wit(v: u64) -> TensorId {
     TensorId { slot: (v >> 32) as u32, generation: v as u32 }
 }
 
+/// The WIT record of a candidate. The engine-side fields `phase` and
+/// `next_use` are not part of the WIT record and are not passed.
 pub fn candidate_to_wit(c: &decision::EvictionCandidate) -> wit::EvictionCandidate {
     wit::EvictionCandidate {
         id: tensor_to_wit(c.id),

@@ -205,6 +205,8 @@ fn gen_candidates(rng: &mut Rng, clock: u64) -> (u64, Vec<EvictionCandidate>) {
             use_count: rng.below(100),
             in_use: rng.below(6) == 0,
             pinned: rng.below(10) == 0,
+            phase: None,
+            next_use: None,
         })
         .collect();
     let total: u64 = cands.iter().map(|c| c.bytes).sum();

@@ -3,7 +3,8 @@
 //! ```text
 //! spec   := part ('+' part)*
 //! part   := builtin | shipped | path          (optionally `part?config` — the text after `?` goes to `init`)
-//! builtin: a name of `wasmem::builtin::BUILTIN_NAMES` (naive, pytorch, lifecycle)
+//! builtin: a name of `wasmem::builtin::BUILTIN_NAMES` (naive, pytorch, lifecycle),
+//!          or of `EVICTION_NAMES` (lru, dtr, belady: the eviction role only)
 //! shipped: NAME → $WASMEM_POLICY_DIR/NAME.wasm, <repo>/policies/out/NAME.wasm,
 //!          <repo>/policies/target/wasm32-wasip2/release/NAME.wasm (`-` → `_`)
 //! path   : anything ending in `.wasm` or containing a path separator
@@ -68,6 +69,11 @@ pub fn resolve_with(runtime: &Runtime, spec: &str) -> Result<Resolved, LoadError
     let mut wasm: [Option<WasmPolicy>; 3] = Default::default();
     for part in spec.split('+').map(str::trim).filter(|p| !p.is_empty()) {
         let (what, config) = part.split_once('?').unwrap_or((part, ""));
+        if let Some(e) = builtin::eviction_by_name(what) {
+            // An eviction-only built-in provides only its role.
+            eviction.get_or_insert((e, what.to_string()));
+            continue;
+        }
         if let Some(p) = builtin::by_name(what) {
             placement.get_or_insert((p.placement, what.to_string()));
             reclamation.get_or_insert((p.reclamation, what.to_string()));
@@ -84,7 +90,12 @@ pub fn resolve_with(runtime: &Runtime, spec: &str) -> Result<Resolved, LoadError
                 None => {
                     return Err(LoadError::UnknownSpec {
                         spec: what.to_string(),
-                        builtins: builtin::BUILTIN_NAMES.join(", "),
+                        builtins: builtin::BUILTIN_NAMES
+                            .iter()
+                            .chain(&builtin::EVICTION_NAMES)
+                            .copied()
+                            .collect::<Vec<_>>()
+                            .join(", "),
                         tried,
                     })
                 }
