@@ -311,6 +311,32 @@ fn webassembly_swaps_through_the_socket() {
 }
 
 #[test]
+fn status_reports_the_tiers_when_enabled() {
+    let d = dir("tiers");
+    let path = d.join("w.sock");
+    let rs = vec![SharedAllocator::new(Allocator::new(
+        SimDevice::with_capacity(64 * MIB),
+        builtin::by_name("pytorch").unwrap(),
+    ))];
+    rs[0].with(|a| a.enable_tiers(wasmem::tier::TierConfig::default()));
+    let _srv = server(&path, &rs, ServerOptions::default());
+    assert!(status(&path).ranks[0].tiers.is_some_and(|t| t.evictions == 0));
+    // Twice the device: the first tensors go to the host tier.
+    let ids: Vec<_> = (0..8).map(|_| rs[0].alloc(16 * MIB, TensorKind::Activation, StreamId(0)).unwrap()).collect();
+    let st = status(&path);
+    let t = st.ranks[0].tiers.unwrap();
+    assert!(t.evictions > 0 && t.host_bytes >= 64 * MIB, "{t:?}");
+    assert!(wasmem::ctl::render_status(&st).contains("tiers: host"), "{st:?}");
+    for id in ids {
+        rs[0].free(id).unwrap();
+    }
+    let plain = ranks(1, "pytorch");
+    let d2 = dir("notiers");
+    let _srv2 = server(&d2.join("w.sock"), &plain, ServerOptions::default());
+    assert_eq!(status(&d2.join("w.sock")).ranks[0].tiers, None);
+}
+
+#[test]
 fn status_reports_step_and_shadows() {
     let d = dir("shadow");
     let path = d.join("w.sock");
