@@ -478,3 +478,51 @@ fn a_real_other_user_is_kept_out_twice() {
     assert_eq!(rs[0].with(|a| a.policies().names()[0].clone()), "pytorch");
     assert_eq!(status(&path).ranks[0].policies.placement, "pytorch");
 }
+
+#[test]
+fn random_bytes_over_the_socket_get_replies_and_the_server_lives_on() {
+    let d = dir("fuzz");
+    let path = d.join("w.sock");
+    let rs = ranks(1, "pytorch");
+    let opts = ServerOptions { max_request_bytes: 512, ..ServerOptions::default() };
+    let _srv = server(&path, &rs, opts);
+    let seeds: [&[u8]; 4] =
+        [b"{\"cmd\":\"status\"}", b"{\"cmd\":\"swap\",\"role\":\"eviction\",\"policy\":\"lru\"}", b"{\"cmd\":\"", b""];
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let (mut ok, mut refused) = (0, 0);
+    for i in 0..300 {
+        let mut msg = seeds[i % seeds.len()].to_vec();
+        for _ in 0..next() % 6 {
+            let pos = (next() as usize) % (msg.len() + 1);
+            msg.insert(pos, next() as u8);
+        }
+        if i % 7 == 0 {
+            msg.extend(std::iter::repeat_n(b'x', 600)); // past the limit
+        }
+        let mut s = UnixStream::connect(&path).unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        let _ = s.write_all(&msg);
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        // Every line the server sends is a reply.
+        for line in out.lines() {
+            let r: wasmem::ctl::Reply = serde_json::from_str(line).unwrap_or_else(|e| panic!("{line:?}: {e}"));
+            if r.ok {
+                ok += 1;
+            } else {
+                refused += 1;
+                assert!(!r.error.unwrap().is_empty());
+            }
+        }
+    }
+    assert!(ok > 0 && refused > 0, "{ok} answered, {refused} refused");
+    assert_eq!(status(&path).ranks.len(), 1);
+    rs[0].with(|a| a.check_invariants()).unwrap();
+}
