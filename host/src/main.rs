@@ -545,10 +545,19 @@ fn run_on<D: Device + 'static>(
 ) -> Result<RunOut> {
     let (progress, export) = (opts.progress, opts.export);
     let reader = input.events()?;
+    let tiers = common.tiers.config()?;
     let shadow = match opts.shadow {
         Some(q) => {
             let dev = SimConfig { capacity: alloc.device().capacity(), ..SimConfig::default() };
-            Some(ShadowHandle::new(Shadow::new(q, policies_for(q, common.deadline_ms)?, dev)))
+            let policies = policies_for(q, common.deadline_ms)?;
+            if policies.eviction.needs_future() {
+                bail!("--shadow {q}: its eviction reads the trace's future, which a shadow never sees");
+            }
+            let mut s = Shadow::new(q, policies, dev);
+            if let Some(t) = &tiers {
+                s = s.with_tiers(t.clone());
+            }
+            Some(ShadowHandle::new(s))
         }
         None => None,
     };
@@ -567,7 +576,7 @@ fn run_on<D: Device + 'static>(
         device: SimConfig { capacity: common.device_mem, ..SimConfig::default() },
         record_actions: export.is_some(),
         sample_every: opts.sample_every,
-        tiers: common.tiers.config()?,
+        tiers,
     };
     let bar = progress.then(|| {
         let b = indicatif::ProgressBar::new_spinner();

@@ -13,14 +13,20 @@
 //!   handle of the primary, and none of its failures is returned — an
 //!   unknown id, an allocator error or even a panic inside the shadow is
 //!   counted in [`Shadow::errors`] (a panic disables the shadow for the rest
-//!   of the run);
+//!   of the run; a panicking step-end callback is removed);
 //! - fed a trace, the shadow's [`Shadow::metrics`] equal those of a replay
 //!   ([`crate::replay::replay`]) of that trace with the shadow's policies,
 //!   apart from the timing keys (`wall_seconds`: time spent inside the
 //!   shadow, `events_per_second`) — tested in `tests/shadow.rs`;
-//! - out-of-memory in the shadow is an outcome (counted in `ooms`), as in a
-//!   replay: the tensor is tracked without storage and its later events are
-//!   no-ops.
+//! - out-of-memory in the shadow is an outcome (counted in `ooms`, the first
+//!   one named in `first_oom`), as in a replay: the tensor is tracked without
+//!   storage and its later events are no-ops; with tiers
+//!   ([`Shadow::with_tiers`], the primary's configuration) it evicts to its
+//!   own bookkeeping of the host and disk tiers instead, moving no byte.
+//!
+//! A shadow sees events as they come: it has no future, so an eviction policy
+//! that reads one (`belady`, [`crate::decision::EvictionPolicy::needs_future`])
+//! decides without it there (`wasmem replay --shadow` refuses it).
 //!
 //! [`ShadowHandle`] shares a shadow between the thread that feeds it (through
 //! [`ShadowHandle::tap`], a `Box<dyn FnMut(&Event) + Send>`) and readers of its
@@ -44,6 +50,7 @@ use crate::builtin::Policies;
 use crate::device::sim::{SimConfig, SimDevice};
 use crate::device::Device;
 use crate::replay::Metrics;
+use crate::tier::TierConfig;
 use crate::trace::Event;
 use crate::types::{Phase, StreamId, TensorId};
 
@@ -113,6 +120,14 @@ impl Shadow {
         }
     }
 
+    /// Enables the host and disk tiers with the primary's configuration
+    /// (bookkeeping only: the shadow's device holds no contents, so no byte
+    /// is copied and no spill file written).
+    pub fn with_tiers(mut self, cfg: TierConfig) -> Self {
+        self.alloc.enable_tiers(cfg);
+        self
+    }
+
     /// The shadow's label.
     pub fn label(&self) -> &str {
         &self.label
@@ -141,8 +156,13 @@ impl Shadow {
                 allocator: allocator_metrics(&self.alloc),
                 errors: self.errors,
             };
-            if let Some(cb) = self.on_step_end.as_mut() {
-                cb(&report);
+            if let Some(mut cb) = self.on_step_end.take() {
+                // A panicking report callback is dropped, not propagated
+                // into the thread that drives the primary.
+                match catch_unwind(AssertUnwindSafe(|| cb(&report))) {
+                    Ok(()) => self.on_step_end = Some(cb),
+                    Err(_) => self.record_error(format!("step {step}: the step-end callback panicked and is removed")),
+                }
             }
             self.last_step = Some(report);
         }
@@ -201,7 +221,14 @@ impl Shadow {
             Event::Use { id, stream } => {
                 let &(h, _) = self.ids.get(&id).ok_or_else(|| format!("event {n}: tensor id {id} is not live"))?;
                 if let Some(h) = h {
-                    self.alloc.use_tensor(h, stream.map(StreamId)).map_err(err)?;
+                    match self.alloc.use_tensor(h, stream.map(StreamId)) {
+                        Ok(()) => {}
+                        // Bringing it back failed after every remedy: an outcome, as in a replay.
+                        Err(e @ AllocError::OutOfMemory { .. }) => {
+                            self.m.first_oom.get_or_insert_with(|| format!("event {n} (use of trace id {id}): {e}"));
+                        }
+                        Err(e) => return Err(err(e)),
+                    }
                 }
             }
             Event::Phase { phase, step } => {
@@ -217,13 +244,9 @@ impl Shadow {
     /// Metrics so far, with the keys and meaning of a replay's.
     pub fn metrics(&self) -> Metrics {
         let mut m = self.m.clone();
-        crate::replay::fill(
-            &mut m,
-            &self.alloc.stats(),
-            self.alloc.device(),
-            self.alloc.gc_pauses(),
-            &self.alloc.tier_stats(),
-        );
+        let a = &self.alloc;
+        crate::replay::fill(&mut m, &a.stats(), a.device(), a.gc_pauses(), &a.tier_stats());
+        m.offline_bound = a.eviction_needs_future();
         m.wall_seconds = self.busy.as_secs_f64();
         m.events_per_second = if m.wall_seconds > 0.0 { m.events as f64 / m.wall_seconds } else { 0.0 };
         m
@@ -420,6 +443,25 @@ mod tests {
         let st = h.status();
         assert_eq!(st.label, "pytorch");
         assert_eq!(st.metrics.frees, 1);
+    }
+
+    #[test]
+    fn a_panicking_callback_stays_in_the_shadow() {
+        let h = ShadowHandle::new(shadow("pytorch", GIB));
+        h.on_step_end(Box::new(|r: &StepReport| {
+            if r.step == 1 {
+                panic!("report sink broke");
+            }
+        }));
+        let mut tap = h.tap();
+        for step in 0..3 {
+            tap(&alloc(step + 10, MIB));
+            tap(&Event::Phase { phase: Phase::StepEnd, step });
+        }
+        assert_eq!(h.with(|s| s.errors()), 1);
+        assert!(h.with(|s| s.last_error().unwrap().contains("callback panicked")));
+        assert_eq!(h.metrics().allocs, 3);
+        assert!(!h.with(|s| s.disabled()));
     }
 
     #[test]

@@ -311,6 +311,32 @@ fn webassembly_swaps_through_the_socket() {
 }
 
 #[test]
+fn status_reports_the_tiers_when_enabled() {
+    let d = dir("tiers");
+    let path = d.join("w.sock");
+    let rs = vec![SharedAllocator::new(Allocator::new(
+        SimDevice::with_capacity(64 * MIB),
+        builtin::by_name("pytorch").unwrap(),
+    ))];
+    rs[0].with(|a| a.enable_tiers(wasmem::tier::TierConfig::default()));
+    let _srv = server(&path, &rs, ServerOptions::default());
+    assert!(status(&path).ranks[0].tiers.is_some_and(|t| t.evictions == 0));
+    // Twice the device: the first tensors go to the host tier.
+    let ids: Vec<_> = (0..8).map(|_| rs[0].alloc(16 * MIB, TensorKind::Activation, StreamId(0)).unwrap()).collect();
+    let st = status(&path);
+    let t = st.ranks[0].tiers.unwrap();
+    assert!(t.evictions > 0 && t.host_bytes >= 64 * MIB, "{t:?}");
+    assert!(wasmem::ctl::render_status(&st).contains("tiers: host"), "{st:?}");
+    for id in ids {
+        rs[0].free(id).unwrap();
+    }
+    let plain = ranks(1, "pytorch");
+    let d2 = dir("notiers");
+    let _srv2 = server(&d2.join("w.sock"), &plain, ServerOptions::default());
+    assert_eq!(status(&d2.join("w.sock")).ranks[0].tiers, None);
+}
+
+#[test]
 fn status_reports_step_and_shadows() {
     let d = dir("shadow");
     let path = d.join("w.sock");
@@ -414,4 +440,89 @@ fn cli_ctl_finds_the_only_socket_of_the_default_directory() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("placement: naive → pytorch on 1 rank(s)"), "{out}");
     drop(second);
+}
+
+/// `wasmem ctl ARGS` run as the user `nobody` (needs root and `setpriv`).
+fn as_nobody(args: &[&str]) -> Option<(i32, String)> {
+    if current_uid() != 0 || !Path::new("/usr/bin/setpriv").exists() {
+        eprintln!("skipping: running as another user needs root and setpriv");
+        return None;
+    }
+    let out = Command::new("/usr/bin/setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_wasmem"), "ctl"])
+        .args(args)
+        .output()
+        .expect("run setpriv");
+    Some((out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned()))
+}
+
+#[test]
+fn a_real_other_user_is_kept_out_twice() {
+    let d = dir("nobody");
+    let path = d.join("w.sock");
+    let p = path.to_str().unwrap();
+    let rs = ranks(1, "pytorch");
+    let _srv = server(&path, &rs, ServerOptions::default());
+    // The directory keeps other users from the socket.
+    let Some((code, err)) = as_nobody(&["--socket", p, "status"]) else { return };
+    assert_eq!(code, 1);
+    assert!(err.contains("Permission denied"), "{err}");
+    // With the filesystem opened up behind the server's back, the peer
+    // check still refuses them, and nothing changes.
+    for (f, mode) in [(&d, 0o711), (&path, 0o666)] {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let (code, err) = as_nobody(&["--socket", p, "swap", "all", "naive"]).unwrap();
+    assert_eq!(code, 1);
+    assert!(err.contains("refused: peer uid 65534 is not the owner of this process (uid 0)"), "{err}");
+    assert_eq!(rs[0].with(|a| a.policies().names()[0].clone()), "pytorch");
+    assert_eq!(status(&path).ranks[0].policies.placement, "pytorch");
+}
+
+#[test]
+fn random_bytes_over_the_socket_get_replies_and_the_server_lives_on() {
+    let d = dir("fuzz");
+    let path = d.join("w.sock");
+    let rs = ranks(1, "pytorch");
+    let opts = ServerOptions { max_request_bytes: 512, ..ServerOptions::default() };
+    let _srv = server(&path, &rs, opts);
+    let seeds: [&[u8]; 4] =
+        [b"{\"cmd\":\"status\"}", b"{\"cmd\":\"swap\",\"role\":\"eviction\",\"policy\":\"lru\"}", b"{\"cmd\":\"", b""];
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let (mut ok, mut refused) = (0, 0);
+    for i in 0..300 {
+        let mut msg = seeds[i % seeds.len()].to_vec();
+        for _ in 0..next() % 6 {
+            let pos = (next() as usize) % (msg.len() + 1);
+            msg.insert(pos, next() as u8);
+        }
+        if i % 7 == 0 {
+            msg.extend(std::iter::repeat_n(b'x', 600)); // past the limit
+        }
+        let mut s = UnixStream::connect(&path).unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        let _ = s.write_all(&msg);
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        // Every line the server sends is a reply.
+        for line in out.lines() {
+            let r: wasmem::ctl::Reply = serde_json::from_str(line).unwrap_or_else(|e| panic!("{line:?}: {e}"));
+            if r.ok {
+                ok += 1;
+            } else {
+                refused += 1;
+                assert!(!r.error.unwrap().is_empty());
+            }
+        }
+    }
+    assert!(ok > 0 && refused > 0, "{ok} answered, {refused} refused");
+    assert_eq!(status(&path).ranks.len(), 1);
+    rs[0].with(|a| a.check_invariants()).unwrap();
 }

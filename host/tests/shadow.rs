@@ -10,6 +10,7 @@ use wasmem::device::sim::SimConfig;
 use wasmem::replay::{replay, Metrics, ReplayConfig};
 use wasmem::shadow::{Shadow, ShadowHandle};
 use wasmem::synth::{synth, ModelSpec};
+use wasmem::tier::TierConfig;
 use wasmem::trace::Event;
 use wasmem::types::GIB;
 
@@ -38,22 +39,32 @@ fn shared_traces() -> Vec<PathBuf> {
 
 /// Replays `events` with `primary` while a shadow with `shadow` watches;
 /// returns (primary metrics, shadow metrics, shadow errors).
-fn with_shadow(events: &[Event], primary: &str, shadow: &str, capacity: u64) -> (Metrics, Metrics, u64) {
-    let cfg = ReplayConfig { device: SimConfig { capacity, ..SimConfig::default() }, ..ReplayConfig::default() };
-    let h = ShadowHandle::new(Shadow::new(shadow, builtin::by_name(shadow).unwrap(), cfg.device));
+fn with_shadow(events: &[Event], primary: &str, shadow: &str, cfg: &ReplayConfig) -> (Metrics, Metrics, u64) {
+    let mut s = Shadow::new(shadow, builtin::by_name(shadow).unwrap(), cfg.device);
+    if let Some(t) = &cfg.tiers {
+        s = s.with_tiers(t.clone());
+    }
+    let h = ShadowHandle::new(s);
     let mut tap = h.tap();
     let fed = events.iter().map(|e| {
         tap(e);
         Ok::<_, String>(*e)
     });
-    let p = replay(fed, builtin::by_name(primary).unwrap(), &cfg).unwrap();
+    let p = replay(fed, builtin::by_name(primary).unwrap(), cfg).unwrap();
     h.with(|s| s.allocator().check_invariants()).unwrap();
     (p.metrics, h.metrics(), h.with(|s| s.errors()))
 }
 
-fn alone(events: &[Event], policy: &str, capacity: u64) -> Metrics {
-    let cfg = ReplayConfig { device: SimConfig { capacity, ..SimConfig::default() }, ..ReplayConfig::default() };
-    replay(events.iter().map(|e| Ok::<_, String>(*e)), builtin::by_name(policy).unwrap(), &cfg).unwrap().metrics
+fn alone(events: &[Event], policy: &str, cfg: &ReplayConfig) -> Metrics {
+    replay(events.iter().map(|e| Ok::<_, String>(*e)), builtin::by_name(policy).unwrap(), cfg).unwrap().metrics
+}
+
+fn config(capacity: u64, tiers: bool) -> ReplayConfig {
+    ReplayConfig {
+        device: SimConfig { capacity, ..SimConfig::default() },
+        tiers: tiers.then(TierConfig::default),
+        ..ReplayConfig::default()
+    }
 }
 
 #[test]
@@ -66,13 +77,18 @@ fn shadow_equals_a_standalone_replay_and_leaves_the_primary_alone() {
     }
     let pairs = [("pytorch", "lifecycle"), ("lifecycle", "naive"), ("naive", "pytorch")];
     for (name, events) in &workloads {
-        // 80 GiB: everything fits; 9 GiB: some policies run out of memory.
-        for capacity in [80 * GIB, 9 * GIB] {
+        // 80 GiB: everything fits; 9 GiB: every policy runs out of memory,
+        // or with tiers evicts to the host instead.
+        for cfg in [config(80 * GIB, false), config(9 * GIB, false), config(9 * GIB, true)] {
             for (p, q) in pairs {
-                let (pm, sm, errors) = with_shadow(events, p, q, capacity);
-                assert_eq!(errors, 0, "{name}");
-                assert_eq!(untimed(sm), untimed(alone(events, q, capacity)), "{name}: shadow {q} ≠ replay {q}");
-                assert_eq!(untimed(pm), untimed(alone(events, p, capacity)), "{name}: {p} changed by a shadow");
+                let (pm, sm, errors) = with_shadow(events, p, q, &cfg);
+                let what = format!("{name} at {} B, tiers {}", cfg.device.capacity, cfg.tiers.is_some());
+                assert_eq!(errors, 0, "{what}");
+                assert_eq!(untimed(sm.clone()), untimed(alone(events, q, &cfg)), "{what}: shadow {q} ≠ replay {q}");
+                assert_eq!(untimed(pm), untimed(alone(events, p, &cfg)), "{what}: {p} changed by a shadow");
+                if cfg.device.capacity < 10 * GIB {
+                    assert!(if cfg.tiers.is_some() { sm.evicted_bytes > 0 } else { sm.ooms > 0 }, "{what}: {sm:?}");
+                }
             }
         }
     }
@@ -93,7 +109,7 @@ fn a_failing_shadow_never_reaches_the_primary() {
         Ok::<_, String>(*e)
     });
     let p = replay(fed, builtin::by_name("lifecycle").unwrap(), &cfg).unwrap();
-    assert_eq!(untimed(p.metrics), untimed(alone(&events, "lifecycle", 80 * GIB)));
+    assert_eq!(untimed(p.metrics), untimed(alone(&events, "lifecycle", &cfg)));
     let (sm, errors) = (h.metrics(), h.with(|s| s.errors()));
     assert_eq!(errors, events.len() as u64);
     assert!(sm.ooms > 0, "{sm:?}");
@@ -139,8 +155,8 @@ fn cli_shadow_prints_what_a_replay_of_the_shadow_policy_prints() {
         pairs.push(("pytorch-like", "lifecycle"));
     }
     for (p, q) in pairs {
-        for mem in ["80GiB", "9GiB"] {
-            let base = ["replay", "--synth", "gpt2-124m", "--device-mem", mem, "--json"];
+        for (mem, offload) in [("80GiB", "--prefetch"), ("9GiB", "--prefetch"), ("9GiB", "--no-offload")] {
+            let base = ["replay", "--synth", "gpt2-124m", "--device-mem", mem, offload, "--json"];
             let (code, out, err) = wasmem(&[&base[..], &["--policy", p, "--shadow", q]].concat());
             assert_eq!(code, 0, "{err}");
             let both = json(&out);
@@ -163,4 +179,8 @@ fn cli_shadow_prints_what_a_replay_of_the_shadow_policy_prints() {
     let (code, _, err) = wasmem(&["replay", "--synth", "bert-base", "--shadow", "no-such-policy"]);
     assert_eq!(code, 1);
     assert!(err.contains("no-such-policy"), "{err}");
+    // Nor can a shadow read the future.
+    let (code, _, err) = wasmem(&["replay", "--synth", "bert-base", "--shadow", "belady"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("--shadow belady") && err.contains("future"), "{err}");
 }

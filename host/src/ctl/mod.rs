@@ -27,4 +27,4 @@ pub use ranks::{RankControl, StatusHook};
 pub use server::{
     current_uid, default_socket_dir, default_socket_path, Control, CtlServer, ServerError, ServerOptions, SwapOutcome,
 };
-pub use status::{render as render_status, RankStatus, Status};
+pub use status::{render as render_status, RankStatus, Status, TierView};

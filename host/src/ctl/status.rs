@@ -38,6 +38,30 @@ pub struct RankStatus {
     pub memory: MemoryView,
     /// Counters since the start.
     pub counters: Counters,
+    /// The host and disk tiers, when enabled.
+    #[serde(default)]
+    pub tiers: Option<TierView>,
+}
+
+/// The off-device tiers of one allocator.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct TierView {
+    /// Bytes on the host tier now.
+    pub host_bytes: u64,
+    /// Peak of `host_bytes`.
+    pub peak_host_bytes: u64,
+    /// Bytes on the disk tier now.
+    pub disk_bytes: u64,
+    /// Peak of `disk_bytes`.
+    pub peak_disk_bytes: u64,
+    /// Tensors moved off the device.
+    pub evictions: u64,
+    /// Bytes brought back on demand.
+    pub fetched_bytes: u64,
+    /// Bytes moved from host to disk.
+    pub spilled_bytes: u64,
+    /// Simulated time waited for copies, microseconds.
+    pub stall_us: f64,
 }
 
 /// The active policy of each role.
@@ -197,6 +221,19 @@ pub fn rank_status<D: Device>(rank: usize, a: &Allocator<D>) -> RankStatus {
             evicted_bytes: s.evicted_bytes,
             reclaimed_bytes: s.reclaimed_bytes,
         },
+        tiers: a.tier_state().map(|_| {
+            let t = a.tier_stats();
+            TierView {
+                host_bytes: t.host_bytes,
+                peak_host_bytes: t.peak_host_bytes,
+                disk_bytes: t.disk_bytes,
+                peak_disk_bytes: t.peak_disk_bytes,
+                evictions: t.evictions,
+                fetched_bytes: t.fetched_bytes,
+                spilled_bytes: t.spilled_bytes,
+                stall_us: t.stall_us,
+            }
+        }),
     }
 }
 
@@ -260,6 +297,20 @@ pub fn render(s: &Status) -> String {
             human_bytes(c.evicted_bytes),
             human_bytes(c.reclaimed_bytes)
         );
+        if let Some(t) = &r.tiers {
+            let _ = writeln!(
+                o,
+                "  tiers: host {} (peak {}), disk {} (peak {}), {} evictions, fetched {}, spilled {}, stalled {:.3} ms",
+                human_bytes(t.host_bytes),
+                human_bytes(t.peak_host_bytes),
+                human_bytes(t.disk_bytes),
+                human_bytes(t.peak_disk_bytes),
+                t.evictions,
+                human_bytes(t.fetched_bytes),
+                human_bytes(t.spilled_bytes),
+                t.stall_us / 1e3
+            );
+        }
         for h in &r.health {
             let _ = write!(o, "  {}: {} calls, {} traps, {} fallbacks", h.role, h.calls, h.traps, h.fallbacks);
             if h.disabled {
