@@ -55,9 +55,9 @@ build() {
     local t0 json
     t0=$(date +%s)
     json=$(mktemp)
-    say "building (cargo build --release -p wasmem --test cuda_device --example gpu_bench --example nccl_check $*) ..."
+    say "building (cargo build --release -p wasmem --test cuda_device --example gpu_bench --example nccl_check --example tiers_gpu $*) ..."
     # shellcheck disable=SC2068
-    if ! cargo build --release -p wasmem --test cuda_device --example gpu_bench --example nccl_check $@ \
+    if ! cargo build --release -p wasmem --test cuda_device --example gpu_bench --example nccl_check --example tiers_gpu $@ \
         --message-format=json-render-diagnostics >"$json"; then
         rm -f "$json"
         say "build failed"
@@ -66,6 +66,7 @@ build() {
     TEST_BIN=$(grep '"name":"cuda_device"' "$json" | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
     BENCH_BIN=$(grep '"name":"gpu_bench"' "$json" | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
     NCCL_BIN=$(grep '"name":"nccl_check"' "$json" | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
+    TIERS_BIN=$(grep '"name":"tiers_gpu"' "$json" | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
     say "building (cargo build --release -p wasmem-capi $*) ..."
     # shellcheck disable=SC2068
     if ! cargo build --release -p wasmem-capi $@ --message-format=json-render-diagnostics >"$json"; then
@@ -98,8 +99,9 @@ if [ "$MODE" = prepare ]; then
     cp "$TEST_BIN" "$PREP/cuda_device"
     cp "$BENCH_BIN" "$PREP/gpu_bench"
     cp "$NCCL_BIN" "$PREP/nccl_check"
+    cp "$TIERS_BIN" "$PREP/tiers_gpu"
     cp "$CAPI_LIB" "$PREP/libwasmem_capi.so"
-    if command -v strip >/dev/null 2>&1; then strip "$PREP/cuda_device" "$PREP/gpu_bench" "$PREP/nccl_check" "$PREP/wasmem" "$PREP/libwasmem_capi.so"; fi
+    if command -v strip >/dev/null 2>&1; then strip "$PREP/cuda_device" "$PREP/gpu_bench" "$PREP/nccl_check" "$PREP/tiers_gpu" "$PREP/wasmem" "$PREP/libwasmem_capi.so"; fi
     if command -v nm >/dev/null 2>&1; then
         say "libwasmem_capi.so exports: $(nm -D --defined-only "$PREP/libwasmem_capi.so" | awk '{print $NF}' | tr '\n' ' ')"
     fi
@@ -123,6 +125,7 @@ if [ "${WASMEM_GPU_CHECK_BUILD:-0}" != 1 ] && [ -x "$PREP/cuda_device" ] && [ -x
     TEST_BIN="$PREP/cuda_device"
     BENCH_BIN="$PREP/gpu_bench"
     NCCL_BIN="$PREP/nccl_check"
+    TIERS_BIN="$PREP/tiers_gpu"
     WASMEM_BIN="$PREP/wasmem"
     CAPI_LIB="$PREP/libwasmem_capi.so"
     say "using prepared binaries in target/gpu-check/ ($(tr '\n' ';' <"$PREP/BUILD_INFO" 2>/dev/null))"
@@ -267,6 +270,18 @@ else
 fi
 say "train on cuda: $train_status"
 
-say "tests: $([ $tests_rc = 0 ] && echo passed || echo "FAILED (rc $tests_rc)"); benchmark: $([ $bench_rc = 0 ] && echo done || echo "FAILED (rc $bench_rc)"); PyTorch example: $torch_status; NCCL: $nccl_status; train: $train_status"
-[ $tests_rc = 0 ] && [ $bench_rc = 0 ] && [ $torch_rc = 0 ] && [ $nccl_rc = 0 ] && [ $train_rc = 0 ] || exit 1
+# 7. Tiers on the GPU: tensors evicted to pinned host memory and to spill files,
+# brought back and compared byte for byte.
+tiers_rc=0
+if [ -x "${TIERS_BIN:-}" ]; then
+    timeout 200 "$TIERS_BIN" 24 64 2>&1 | log tiers-gpu.log
+    tiers_rc=${PIPESTATUS[0]}
+    tiers_status=$([ $tiers_rc = 0 ] && echo "passed" || echo "FAILED (rc $tiers_rc)")
+else
+    tiers_status="skipped: tiers_gpu not built"
+fi
+say "tiers on cuda: $tiers_status"
+
+say "tests: $([ $tests_rc = 0 ] && echo passed || echo "FAILED (rc $tests_rc)"); benchmark: $([ $bench_rc = 0 ] && echo done || echo "FAILED (rc $bench_rc)"); PyTorch example: $torch_status; NCCL: $nccl_status; train: $train_status; tiers: $tiers_status"
+[ $tests_rc = 0 ] && [ $bench_rc = 0 ] && [ $torch_rc = 0 ] && [ $nccl_rc = 0 ] && [ $train_rc = 0 ] && [ $tiers_rc = 0 ] || exit 1
 exit 0

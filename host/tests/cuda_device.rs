@@ -294,3 +294,38 @@ fn random_ops<D: Device>(d: D, policy: &str, steps: u64, check: fn(&D) -> Result
     );
     s
 }
+
+/// Host-tier buffers are pinned on CUDA, hold what the device copies into
+/// them, and stay valid (and are freed cleanly) after the device is gone and
+/// on another thread, as the disk tier's I/O threads drop them.
+#[test]
+fn pinned_host_buffers_for_the_host_tier() {
+    let Some(mut d) = gpu("pinned_host_buffers_for_the_host_tier") else { return };
+    let len = MIB as usize;
+    let ptr = d.alloc_segment(MIB).unwrap();
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    d.write(ptr, &data).unwrap();
+    let mut h = d.alloc_host(len).unwrap();
+    assert!(h.is_pinned(), "cuMemHostAlloc should succeed for 1 MiB");
+    d.read(ptr, &mut h).unwrap();
+    assert_eq!(&h[..], &data[..]);
+    d.free_segment(ptr).unwrap();
+    drop(d);
+    std::thread::spawn(move || {
+        assert_eq!(h[250], 250);
+        drop(h);
+    })
+    .join()
+    .unwrap();
+}
+
+/// Off CUDA, host buffers are ordinary heap memory.
+#[test]
+fn sim_host_buffers_are_heap_memory() {
+    use wasmem::device::sim::{SimConfig, SimDevice};
+    let mut d = SimDevice::new(SimConfig::default());
+    let mut h = d.alloc_host(4096).unwrap();
+    assert!(!h.is_pinned());
+    h[7] = 7;
+    assert_eq!((h.len(), h[7]), (4096, 7));
+}

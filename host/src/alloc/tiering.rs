@@ -27,7 +27,7 @@ use std::sync::Arc;
 use super::slab::NIL;
 use super::{ActionKind, AllocError, Allocator};
 use crate::decision::{validate_victims, AllocRequest, EvictionCandidate, ReclaimDecision};
-use crate::device::Device;
+use crate::device::{Device, HostBuf};
 use crate::tier::{Offloaded, Stored, TierConfig, TierError, TierState, TierStats};
 use crate::types::{TensorId, Tier};
 
@@ -197,7 +197,7 @@ impl<D: Device> Allocator<D> {
         let contents = self.tiers.as_ref().is_some_and(|ts| ts.cfg.copy_contents);
         let data = if contents {
             let len = usize::try_from(bytes).map_err(|_| TierError::TooLargeForHost { what: id.to_string(), bytes })?;
-            let mut buf = vec![0u8; len];
+            let mut buf = self.device.alloc_host(len)?;
             self.device.read(addr, &mut buf)?;
             Some(Arc::new(buf))
         } else {
@@ -336,7 +336,7 @@ impl<D: Device> Allocator<D> {
         &mut self,
         id: TensorId,
         bytes: u64,
-        data: Option<Arc<Vec<u8>>>,
+        data: Option<Arc<HostBuf>>,
     ) -> Result<Option<crate::tier::disk::SpillFile>, AllocError> {
         let ts = self.tiers.as_mut().ok_or(TierError::Disabled)?;
         match data {
@@ -362,11 +362,11 @@ impl<D: Device> Allocator<D> {
         }
         let ts = self.tiers.as_ref().ok_or(TierError::Disabled)?;
         let entry = ts.entries.get(&id.slot).cloned().ok_or(TierError::Disabled)?;
-        let data: Option<Arc<Vec<u8>>> = match &entry.stored {
+        let data: Option<Arc<HostBuf>> = match &entry.stored {
             Stored::Host(d) => d.clone(),
-            Stored::Disk(Some(f)) => {
-                Some(Arc::new(ts.disk.read_batch(std::slice::from_ref(f)).pop().expect("one result per file")?))
-            }
+            Stored::Disk(Some(f)) => Some(Arc::new(HostBuf::from(
+                ts.disk.read_batch(std::slice::from_ref(f)).pop().expect("one result per file")?,
+            ))),
             Stored::Disk(None) => None,
         };
         let req = AllocRequest { bytes: t.bytes, kind: t.kind, stream: t.stream };

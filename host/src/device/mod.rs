@@ -91,6 +91,12 @@ pub trait Device: Send {
     fn free_segment(&mut self, ptr: DevicePtr) -> Result<(), DeviceError>;
     /// Waits for all streams (cudaDeviceSynchronize).
     fn synchronize(&mut self) -> Result<(), DeviceError>;
+    /// Host memory for `bytes` bytes of tensor contents off the device: pinned
+    /// (page-locked, for full-bandwidth copies) on backends that have it,
+    /// ordinary heap memory otherwise (the default).
+    fn alloc_host(&mut self, bytes: usize) -> Result<HostBuf, DeviceError> {
+        Ok(HostBuf::heap(bytes))
+    }
     /// Waits until the work queued on `stream` so far has completed (before
     /// memory that work may touch is unmapped). Returns `true` when the
     /// backend had to synchronize the whole device for it — the default, for
@@ -129,4 +135,58 @@ pub trait Device: Send {
     fn write(&mut self, dst: DevicePtr, data: &[u8]) -> Result<(), DeviceError>;
     /// Reads device bytes at `src` into `out`.
     fn read(&mut self, src: DevicePtr, out: &mut [u8]) -> Result<(), DeviceError>;
+}
+
+/// Memory a backend pins for host-side copies (see [`Device::alloc_host`]).
+pub trait PinnedMemory: Send + Sync + std::fmt::Debug {
+    /// The bytes.
+    fn as_slice(&self) -> &[u8];
+    /// The bytes, writable.
+    fn as_mut_slice(&mut self) -> &mut [u8];
+}
+
+/// Host memory holding tensor contents off the device: heap or pinned.
+#[derive(Debug)]
+pub enum HostBuf {
+    /// Ordinary (pageable) heap memory.
+    Heap(Vec<u8>),
+    /// Page-locked memory of a backend, freed by it on drop.
+    Pinned(Box<dyn PinnedMemory>),
+}
+
+impl HostBuf {
+    /// `bytes` zeroed bytes of heap memory.
+    pub fn heap(bytes: usize) -> Self {
+        HostBuf::Heap(vec![0; bytes])
+    }
+
+    /// Whether the memory is page-locked.
+    pub fn is_pinned(&self) -> bool {
+        matches!(self, HostBuf::Pinned(_))
+    }
+}
+
+impl From<Vec<u8>> for HostBuf {
+    fn from(v: Vec<u8>) -> Self {
+        HostBuf::Heap(v)
+    }
+}
+
+impl std::ops::Deref for HostBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            HostBuf::Heap(v) => v,
+            HostBuf::Pinned(p) => p.as_slice(),
+        }
+    }
+}
+
+impl std::ops::DerefMut for HostBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            HostBuf::Heap(v) => v,
+            HostBuf::Pinned(p) => p.as_mut_slice(),
+        }
+    }
 }

@@ -20,6 +20,7 @@ use std::thread::JoinHandle;
 use rustc_hash::FxHashMap;
 
 use super::TierError;
+use crate::device::HostBuf;
 
 /// A spill file written by [`DiskTier`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -189,7 +190,7 @@ impl DiskTier {
     /// Writes each buffer to a new spill file (in parallel on the I/O
     /// threads). A write that fails, or that would pass the quota, leaves no
     /// file; the others are kept.
-    pub fn write_batch(&mut self, bufs: Vec<Arc<Vec<u8>>>) -> Vec<Result<SpillFile, TierError>> {
+    pub fn write_batch(&mut self, bufs: Vec<Arc<HostBuf>>) -> Vec<Result<SpillFile, TierError>> {
         let dir = match self.ensure_dir() {
             Ok(d) => d,
             Err(e) => return bufs.iter().map(|_| Err(e.clone())).collect(),
@@ -321,15 +322,15 @@ mod tests {
     fn batch_write_read_remove_and_quota() {
         let dir = tempfile::tempdir().unwrap();
         let mut d = DiskTier::new(Some(dir.path().to_path_buf()), 10_000, 3);
-        let bufs: Vec<Arc<Vec<u8>>> = (0..6u8).map(|k| Arc::new(vec![k; 1000 + k as usize])).collect();
+        let bufs: Vec<Arc<HostBuf>> = (0..6u8).map(|k| Arc::new(HostBuf::from(vec![k; 1000 + k as usize]))).collect();
         let files: Vec<SpillFile> = d.write_batch(bufs.clone()).into_iter().map(Result::unwrap).collect();
         assert_eq!(d.used_bytes(), bufs.iter().map(|b| b.len() as u64).sum::<u64>());
         assert_eq!(d.file_count(), 6);
         for (f, b) in d.read_batch(&files).into_iter().zip(&bufs) {
-            assert_eq!(&f.unwrap(), b.as_ref());
+            assert_eq!(&f.unwrap()[..], &b[..]);
         }
         // Past the quota: refused before writing, the others of the batch kept.
-        let r = d.write_batch(vec![Arc::new(vec![1; 100]), Arc::new(vec![2; 5000])]);
+        let r = d.write_batch(vec![Arc::new(HostBuf::from(vec![1; 100])), Arc::new(HostBuf::from(vec![2; 5000]))]);
         assert!(r[0].is_ok());
         assert!(matches!(&r[1], Err(TierError::QuotaExceeded { bytes: 5000, .. })), "{:?}", r[1]);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 7);

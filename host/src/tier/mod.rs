@@ -38,6 +38,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
+use crate::device::HostBuf;
 use crate::types::{Phase, GIB};
 use disk::{DiskTier, SpillFile};
 
@@ -167,7 +168,7 @@ pub enum TierError {
 #[derive(Debug, Clone)]
 pub enum Stored {
     /// In host memory (`None`: accounting only).
-    Host(Option<Arc<Vec<u8>>>),
+    Host(Option<Arc<HostBuf>>),
     /// In a spill file (`None`: accounting only).
     Disk(Option<SpillFile>),
 }

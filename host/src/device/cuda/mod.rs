@@ -30,6 +30,7 @@
 
 mod book;
 mod driver;
+mod pinned;
 
 use std::ffi::c_int;
 use std::time::Instant;
@@ -38,7 +39,7 @@ use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys;
 use rustc_hash::FxHashMap;
 
-use super::{Device, DeviceCounters, DeviceError, DevicePtr, EventId, PhysHandle};
+use super::{Device, DeviceCounters, DeviceError, DevicePtr, EventId, HostBuf, PhysHandle};
 use crate::types::StreamId;
 use book::Book;
 
@@ -73,6 +74,8 @@ pub struct CudaDevice {
     counters: DeviceCounters,
     /// Errors met while cleaning up (rollbacks, Drop); see [`CudaDevice::errors`].
     errors: Vec<String>,
+    /// The driver refused pinned host memory once (warned).
+    pinned_refused: bool,
     released: bool,
 }
 
@@ -145,6 +148,7 @@ impl CudaDevice {
             counters: DeviceCounters::default(),
             errors: Vec::new(),
             released: false,
+            pinned_refused: false,
         };
         // From here on `dev` owns the context: an early return releases it in Drop.
         dev.bind()?;
@@ -338,6 +342,21 @@ impl Drop for CudaDevice {
 impl Device for CudaDevice {
     fn name(&self) -> &'static str {
         "cuda"
+    }
+
+    /// Pinned host memory (`cuMemHostAlloc`); heap memory, with a warning
+    /// once, when the driver refuses to pin more.
+    fn alloc_host(&mut self, bytes: usize) -> Result<HostBuf, DeviceError> {
+        match pinned::PinnedBuf::new(self.cu_device, bytes) {
+            Some(p) => Ok(HostBuf::Pinned(Box::new(p))),
+            None => {
+                if !self.pinned_refused {
+                    self.pinned_refused = true;
+                    tracing::warn!(bytes, "cuMemHostAlloc refused: host tier buffers fall back to pageable memory");
+                }
+                Ok(HostBuf::heap(bytes))
+            }
+        }
     }
 
     fn capacity(&self) -> u64 {
