@@ -106,7 +106,29 @@ pub const MAX_GRANULARITY: u64 = GIB;
 impl PlacementDecision {
     /// Checks the decision for a request against a policy with `pool_count`
     /// pools and returns `(rounded block bytes, new segment bytes)`.
+    #[inline]
     pub fn validate(&self, req: &AllocRequest, pool_count: usize) -> Result<(u64, u64), InvalidDecision> {
+        // The common case in a few instructions; any failure is diagnosed
+        // (and worded) by the slow path.
+        let granular = |v: u64| v.is_power_of_two() && v <= MAX_GRANULARITY;
+        if (self.pool as usize) < pool_count
+            && granular(self.round_to)
+            && granular(self.segment_round)
+            && self.split_min_remainder != 0
+        {
+            if let Some(rounded) = crate::types::round_up(req.bytes, self.round_to) {
+                if let Some(segment) = crate::types::round_up(rounded, self.segment_round) {
+                    return Ok((rounded, segment.max(self.segment_min)));
+                }
+            }
+        }
+        self.diagnose(req, pool_count)
+    }
+
+    /// [`PlacementDecision::validate`]'s slow path: the first failed check, worded.
+    #[cold]
+    #[inline(never)]
+    fn diagnose(&self, req: &AllocRequest, pool_count: usize) -> Result<(u64, u64), InvalidDecision> {
         if self.pool as usize >= pool_count {
             return Err(InvalidDecision(format!(
                 "pool {} does not exist (the policy declares {pool_count})",

@@ -33,10 +33,33 @@ fn bin_of(size: u64) -> usize {
     (((fl - SUB_BITS + 1) << SUB_BITS) as u64 + sl) as usize
 }
 
+/// One free block in a bin: `(size, address, block index)`.
+type Entry = (u64, u64, u32);
+
+/// The sort key of an entry: size, then address, as one integer (one
+/// comparison instead of a branch per field; addresses are unique, so the
+/// block index never decides).
+#[inline(always)]
+fn order(size: u64, addr: u64) -> u128 {
+    (size as u128) << 64 | addr as u128
+}
+
+#[inline(always)]
+fn entry_order(e: &Entry) -> u128 {
+    order(e.0, e.1)
+}
+
+/// Position of the entry ordered as `(size, addr)` in a sorted bin.
+#[inline]
+fn search(bin: &[Entry], size: u64, addr: u64) -> Result<usize, usize> {
+    let want = order(size, addr);
+    bin.binary_search_by(|e| entry_order(e).cmp(&want))
+}
+
 /// Free blocks of one stream.
 #[derive(Debug, Clone)]
 struct Bins {
-    bins: Vec<Vec<(u64, u64, u32)>>,
+    bins: Vec<Vec<Entry>>,
     nonempty: [u64; BINS / 64],
 }
 
@@ -49,6 +72,9 @@ impl Bins {
     #[inline]
     fn next_nonempty(&self, k: usize) -> Option<usize> {
         let mut w = k / 64;
+        if w >= self.nonempty.len() {
+            return None;
+        }
         let mut bits = self.nonempty[w] & (!0u64 << (k % 64));
         loop {
             if bits != 0 {
@@ -63,10 +89,12 @@ impl Bins {
     }
 
     #[inline]
-    fn best_fit(&self, size: u64) -> Option<(u64, u64, u32)> {
+    fn best_fit(&self, size: u64) -> Option<Entry> {
         let k = bin_of(size);
         let bin = &self.bins[k];
-        let i = bin.partition_point(|&(s, _, _)| s < size);
+        // Every entry of the bin with at least `size` bytes is ordered after
+        // (size, 0), so the first of them is the best fit.
+        let i = bin.partition_point(|e| entry_order(e) < order(size, 0));
         if i < bin.len() {
             return Some(bin[i]);
         }
@@ -76,10 +104,19 @@ impl Bins {
 }
 
 /// The free-block index of one pool.
+///
+/// The most recently indexed block waits in a one-entry `hot` slot before it
+/// goes to the bins: a training loop frees a block and allocates the same
+/// size again, which splits the same block and merges it back, and those
+/// round trips then update the slot instead of a sorted bin (the set of
+/// indexed blocks, and so every answer, is the same either way).
 #[derive(Debug, Clone, Default)]
 pub struct FreeIndex {
     streams: Vec<(StreamId, Bins)>,
+    /// Blocks in the bins (the hot block not included).
     len: usize,
+    /// The most recently indexed block, not in the bins.
+    hot: Option<FreeKey>,
 }
 
 impl FreeIndex {
@@ -88,8 +125,8 @@ impl FreeIndex {
         self.streams.iter().find(|(s, _)| *s == stream).map(|(_, b)| b)
     }
 
-    /// Adds a free block; false if it was already there.
-    pub fn insert(&mut self, key: FreeKey) -> bool {
+    /// Adds a block to the bins; false if it was already there.
+    fn bins_insert(&mut self, key: FreeKey) -> bool {
         let (stream, size, addr, block) = key;
         let pos = match self.streams.iter().position(|(s, _)| *s == stream) {
             Some(p) => p,
@@ -101,7 +138,7 @@ impl FreeIndex {
         let bins = &mut self.streams[pos].1;
         let k = bin_of(size);
         let bin = &mut bins.bins[k];
-        match bin.binary_search(&(size, addr, block)) {
+        match search(bin, size, addr) {
             Ok(_) => false,
             Err(i) => {
                 bin.insert(i, (size, addr, block));
@@ -112,14 +149,14 @@ impl FreeIndex {
         }
     }
 
-    /// Removes a free block; false if it was not there.
-    pub fn remove(&mut self, key: &FreeKey) -> bool {
+    /// Removes a block from the bins; false if it was not there.
+    fn bins_remove(&mut self, key: &FreeKey) -> bool {
         let (stream, size, addr, block) = *key;
         let Some((_, bins)) = self.streams.iter_mut().find(|(s, _)| *s == stream) else { return false };
         let k = bin_of(size);
         let bin = &mut bins.bins[k];
-        match bin.binary_search(&(size, addr, block)) {
-            Ok(i) => {
+        match search(bin, size, addr) {
+            Ok(i) if bin[i].2 == block => {
                 bin.remove(i);
                 if bin.is_empty() {
                     bins.nonempty[k / 64] &= !(1 << (k % 64));
@@ -127,32 +164,82 @@ impl FreeIndex {
                 self.len -= 1;
                 true
             }
-            Err(_) => false,
+            _ => false,
         }
+    }
+
+    /// Adds a free block, which must not be indexed already (the allocator
+    /// indexes a block at most once; [`FreeIndex::check`] reports a
+    /// duplicate). The block takes the hot slot; the block it displaces goes
+    /// to the bins.
+    #[inline]
+    pub fn insert(&mut self, key: FreeKey) {
+        if let Some(h) = self.hot.replace(key) {
+            self.bins_insert(h);
+        }
+    }
+
+    /// Removes a free block; false if it was not there.
+    #[inline]
+    pub fn remove(&mut self, key: &FreeKey) -> bool {
+        if self.hot.as_ref() == Some(key) {
+            self.hot = None;
+            return true;
+        }
+        self.bins_remove(key)
+    }
+
+    /// Replaces the free block `old` by `new` (the block after a split or a
+    /// merge), which must not be indexed already. False, with nothing
+    /// changed, if `old` was not there.
+    #[inline]
+    pub fn replace(&mut self, old: &FreeKey, new: FreeKey) -> bool {
+        if self.hot.as_ref() == Some(old) {
+            self.hot = Some(new);
+            return true;
+        }
+        if !self.bins_remove(old) {
+            return false;
+        }
+        self.insert(new);
+        true
     }
 
     /// Whether the block is indexed under exactly this key.
     pub fn contains(&self, key: &FreeKey) -> bool {
+        if self.hot.as_ref() == Some(key) {
+            return true;
+        }
         let (stream, size, addr, block) = *key;
-        self.bins(stream).is_some_and(|b| b.bins[bin_of(size)].binary_search(&(size, addr, block)).is_ok())
+        self.bins(stream).is_some_and(|b| {
+            let bin = &b.bins[bin_of(size)];
+            matches!(search(bin, size, addr), Ok(i) if bin[i].2 == block)
+        })
     }
 
     /// The smallest free block on `stream` of at least `size` bytes (lowest
     /// address among equals), if it is at most `size + max_waste` bytes.
     #[inline]
     pub fn best_fit(&self, stream: StreamId, size: u64, max_waste: u64) -> Option<FreeKey> {
-        let (s, a, b) = self.bins(stream)?.best_fit(size)?;
-        (s <= size.saturating_add(max_waste)).then_some((stream, s, a, b))
+        let binned = self.bins(stream).and_then(|b| b.best_fit(size)).map(|(s, a, b)| (stream, s, a, b));
+        let best = match self.hot {
+            Some(h) if h.0 == stream && h.1 >= size => match binned {
+                Some(b) if order(b.1, b.2) < order(h.1, h.2) => Some(b),
+                _ => Some(h),
+            },
+            _ => binned,
+        };
+        best.filter(|k| k.1 <= size.saturating_add(max_waste))
     }
 
     /// Number of free blocks.
     pub fn len(&self) -> usize {
-        self.len
+        self.len + self.hot.is_some() as usize
     }
 
     /// Whether there is no free block.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     /// Checks the index's own invariants.
@@ -160,7 +247,7 @@ impl FreeIndex {
         let mut n = 0;
         for (stream, bins) in &self.streams {
             for (k, bin) in bins.bins.iter().enumerate() {
-                if bin.windows(2).any(|w| w[0] >= w[1]) {
+                if bin.windows(2).any(|w| entry_order(&w[0]) >= entry_order(&w[1])) {
                     return Err(format!("{stream}: bin {k} is not sorted"));
                 }
                 if bin.iter().any(|&(s, _, _)| bin_of(s) != k) {
@@ -174,6 +261,12 @@ impl FreeIndex {
         }
         if n != self.len {
             return Err(format!("free index counts {} blocks but holds {n}", self.len));
+        }
+        if let Some(h) = self.hot {
+            let binned = self.bins(h.0).is_some_and(|b| search(&b.bins[bin_of(h.1)], h.1, h.2).is_ok());
+            if binned {
+                return Err(format!("the hot block {h:?} is also in the bins"));
+            }
         }
         Ok(())
     }
@@ -202,18 +295,41 @@ mod tests {
     }
 
     proptest! {
-        /// Same answers as a `BTreeSet` ordered by (stream, size, address).
+        /// Same answers as a `BTreeSet` ordered by (stream, size, address);
+        /// addresses are unique among free blocks, as in the allocator.
         #[test]
-        fn matches_btreeset(ops in prop::collection::vec((0u8..3, 0u32..2, 1u64..(1 << 26), 0u64..64), 1..400)) {
+        fn matches_btreeset(ops in prop::collection::vec((0u8..4, 0u32..2, 1u64..(1 << 26), 0u64..64), 1..400)) {
             let mut idx = FreeIndex::default();
             let mut set: BTreeSet<FreeKey> = BTreeSet::new();
             for (i, (op, stream, size, addr)) in ops.into_iter().enumerate() {
                 let key = (StreamId(stream), size, addr * 4096, i as u32);
+                let addr_taken = |set: &BTreeSet<FreeKey>, a: u64| set.iter().any(|k| k.2 == a);
                 match op {
-                    0 => prop_assert_eq!(idx.insert(key), set.insert(key)),
+                    0 => {
+                        if !addr_taken(&set, key.2) {
+                            idx.insert(key);
+                            set.insert(key);
+                        }
+                    }
                     1 => {
                         if let Some(&k) = set.iter().nth(i % set.len().max(1)) {
                             prop_assert_eq!(idx.remove(&k), set.remove(&k));
+                        }
+                    }
+                    2 => {
+                        // Replace an indexed block by a split or merged
+                        // version of it: often the same bin and stream.
+                        if let Some(&old) = set.iter().nth(i % set.len().max(1)) {
+                            let new = if size % 3 == 0 {
+                                key
+                            } else {
+                                (old.0, (old.1 + size % 8192).saturating_sub(4096).max(1), old.2 + 512 * (size % 4), key.3)
+                            };
+                            if !set.iter().any(|k| k.2 == new.2 && *k != old) {
+                                set.remove(&old);
+                                prop_assert!(idx.replace(&old, new));
+                                set.insert(new);
+                            }
                         }
                     }
                     _ => {
@@ -223,8 +339,28 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(idx.len(), set.len());
+                for k in &set {
+                    prop_assert!(idx.contains(k), "{:?} missing", k);
+                }
+                idx.check().map_err(TestCaseError::fail)?;
             }
-            idx.check().map_err(TestCaseError::fail)?;
         }
+    }
+
+    #[test]
+    fn replace_of_a_missing_block_changes_nothing() {
+        let mut idx = FreeIndex::default();
+        let s = StreamId(0);
+        idx.insert((s, 4096, 0, 1));
+        idx.insert((s, 8192, 4096, 3));
+        assert!(!idx.replace(&(s, 4096, 8192, 2), (s, 4000, 8192, 2)));
+        assert!(!idx.replace(&(s, 4096, 0, 9), (s, 4000, 0, 9)));
+        assert_eq!(idx.len(), 2);
+        assert!(idx.contains(&(s, 4096, 0, 1)));
+        assert!(idx.remove(&(s, 8192, 4096, 3)));
+        assert!(idx.replace(&(s, 4096, 0, 1), (StreamId(1), 4096, 0, 1)));
+        assert_eq!(idx.best_fit(StreamId(1), 1, u64::MAX), Some((StreamId(1), 4096, 0, 1)));
+        assert_eq!(idx.best_fit(s, 1, u64::MAX), None);
+        idx.check().unwrap();
     }
 }

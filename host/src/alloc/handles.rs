@@ -52,6 +52,7 @@ pub struct HandleTable {
 
 impl HandleTable {
     /// Stores a tensor and issues its handle.
+    #[inline]
     pub fn insert(&mut self, t: Tensor) -> TensorId {
         self.live += 1;
         if let Some(slot) = self.free.pop() {
@@ -89,6 +90,7 @@ impl HandleTable {
     }
 
     /// Removes the tensor behind `id`; its handle becomes stale.
+    #[inline]
     pub fn remove(&mut self, id: TensorId) -> Option<Tensor> {
         let s = self.slots.get_mut(id.slot as usize)?;
         if s.generation != id.generation {

@@ -65,6 +65,7 @@ use crate::types::{round_up, Phase, StreamId, TensorId, TensorKind, Tier};
 
 use deferred::PendingFree;
 use handles::HandleTable;
+use pool::FreeKey;
 use rustc_hash::FxHashMap;
 use slab::Slab;
 
@@ -415,10 +416,11 @@ impl<D: Device> Allocator<D> {
             self.poll_pending()?;
         }
         let req = AllocRequest { bytes, kind, stream };
-        let block = self.place_block(&req)?;
+        let (block, pool) = self.place_block(&req)?;
         self.clock += 1;
-        let pool = self.segments.get(self.blocks.get(block).segment).pool as usize;
+        let pool = pool as usize;
         let b = *self.blocks.get(block);
+        debug_assert_eq!(self.segments.get(b.segment).pool as usize, pool);
         let size = b.size;
         let id = self.tensors.insert(Tensor {
             block,
@@ -448,26 +450,29 @@ impl<D: Device> Allocator<D> {
 
     /// Finds a block for `req` (placement decision, cached block or a new
     /// segment, eviction when tiers are enabled), split to size. The block
-    /// holds no tensor yet and is not in the free index.
-    fn place_block(&mut self, req: &AllocRequest) -> Result<u32, AllocError> {
+    /// holds no tensor yet and is not in the free index. Returns the block
+    /// and its pool.
+    #[inline(always)]
+    fn place_block(&mut self, req: &AllocRequest) -> Result<(u32, u32), AllocError> {
         let (stream, ctx) = (req.stream, self.context());
         let p = self.policies.place(req, &ctx);
         if p.memo_hit {
             self.stats.policy_memo_hits += 1;
         }
         let pool = p.pool as usize;
-        let block = match self.pools[pool].best_fit(stream, p.rounded, p.decision.max_waste) {
+        let split_min = p.decision.split_min_remainder;
+        let (block, indexed) = match self.pools[pool].best_fit(stream, p.rounded, p.decision.max_waste) {
             Some(key) => {
-                self.pools[pool].free.remove(&key);
                 self.stats.cache_hits += 1;
-                key.3
+                (key.3, Some(key))
             }
-            None => self.grow_or_evict(p.pool, p.segment, p.rounded, p.decision.max_waste, req)?,
+            None => (self.grow_or_evict(p.pool, p.segment, p.rounded, p.decision.max_waste, req)?, None),
         };
-        // Split off the remainder when the decision says so.
+        // Split off the remainder when the decision says so; a cached block's
+        // index entry becomes the remainder's in place.
         let b = *self.blocks.get(block);
         let remainder = b.size - p.rounded;
-        if remainder > 0 && remainder >= p.decision.split_min_remainder {
+        if remainder > 0 && remainder >= split_min {
             let rest = self.blocks.insert(Block {
                 segment: b.segment,
                 offset: b.offset + p.rounded,
@@ -484,9 +489,16 @@ impl<D: Device> Allocator<D> {
             blk.size = p.rounded;
             let seg = self.segments.get(b.segment);
             let key = (seg.stream, remainder, seg.base + b.offset + p.rounded, rest);
-            self.pools[pool].free.insert(key);
+            match indexed {
+                Some(old) => {
+                    self.pools[pool].free.replace(&old, key);
+                }
+                None => self.pools[pool].free.insert(key),
+            }
+        } else if let Some(old) = indexed {
+            self.pools[pool].free.remove(&old);
         }
-        Ok(block)
+        Ok((block, p.pool))
     }
 
     /// Obtains a new segment for `req` in `pool`; returns its single block,
@@ -627,11 +639,14 @@ impl<D: Device> Allocator<D> {
         let seg_idx = self.blocks.get(blk).segment;
         let seg = *self.segments.get(seg_idx);
         let pool = seg.pool as usize;
+        // Index keys of the free neighbours merged into the block: the merged
+        // block takes over one of their entries.
+        let mut stale: [Option<FreeKey>; 2] = [None, None];
         // Merge with the previous block.
         let prev = self.blocks.get(blk).prev;
         if prev != NIL && self.blocks.get(prev).is_free() {
             let p = *self.blocks.get(prev);
-            self.pools[pool].free.remove(&(seg.stream, p.size, seg.base + p.offset, prev));
+            stale[0] = Some((seg.stream, p.size, seg.base + p.offset, prev));
             let cur = self.blocks.remove(blk);
             let pm = self.blocks.get_mut(prev);
             pm.size += cur.size;
@@ -645,7 +660,7 @@ impl<D: Device> Allocator<D> {
         let next = self.blocks.get(blk).next;
         if next != NIL && self.blocks.get(next).is_free() {
             let n = self.blocks.remove(next);
-            self.pools[pool].free.remove(&(seg.stream, n.size, seg.base + n.offset, next));
+            stale[1] = Some((seg.stream, n.size, seg.base + n.offset, next));
             let cm = self.blocks.get_mut(blk);
             cm.size += n.size;
             cm.next = n.next;
@@ -654,10 +669,25 @@ impl<D: Device> Allocator<D> {
             }
         }
         let b = *self.blocks.get(blk);
-        if self.pools[pool].release_when_empty && b.size == seg.size {
+        let release = self.pools[pool].release_when_empty && b.size == seg.size;
+        let free = &mut self.pools[pool].free;
+        if release {
+            for k in stale.iter().flatten() {
+                free.remove(k);
+            }
             self.release_segment(seg_idx)?;
         } else {
-            self.pools[pool].free.insert((seg.stream, b.size, seg.base + b.offset, blk));
+            let key = (seg.stream, b.size, seg.base + b.offset, blk);
+            match stale {
+                [None, None] => free.insert(key),
+                [Some(k), None] | [None, Some(k)] => {
+                    free.replace(&k, key);
+                }
+                [Some(p), Some(n)] => {
+                    free.remove(&n);
+                    free.replace(&p, key);
+                }
+            }
         }
         Ok(())
     }

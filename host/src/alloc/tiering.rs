@@ -102,6 +102,7 @@ impl<D: Device> Allocator<D> {
     /// [`Allocator::grow`], and when the device is full and the tiers are
     /// enabled: defragmentation, then eviction, until the request is served
     /// or nothing is left to evict. Counts an OOM when it finally fails.
+    #[inline(never)]
     pub(super) fn grow_or_evict(
         &mut self,
         pool: u32,
@@ -383,7 +384,7 @@ impl<D: Device> Allocator<D> {
             ts.prefetching = was_prefetching;
             ts.bringing = was_bringing;
         }
-        let block = placed?;
+        let (block, _) = placed?;
         let b = *self.blocks.get(block);
         let seg = *self.segments.get(b.segment);
         let addr = seg.base + b.offset;
