@@ -108,42 +108,13 @@ impl PlacementDecision {
     /// pools and returns `(rounded block bytes, new segment bytes)`.
     #[inline]
     pub fn validate(&self, req: &AllocRequest, pool_count: usize) -> Result<(u64, u64), InvalidDecision> {
-        // The common case in a few instructions; any failure is diagnosed
-        // (and worded) by the slow path.
         let granular = |v: u64| v.is_power_of_two() && v <= MAX_GRANULARITY;
-        if (self.pool as usize) < pool_count
-            && granular(self.round_to)
-            && granular(self.segment_round)
-            && self.split_min_remainder != 0
+        if (self.pool as usize) >= pool_count
+            || !granular(self.round_to)
+            || !granular(self.segment_round)
+            || self.split_min_remainder == 0
         {
-            if let Some(rounded) = crate::types::round_up(req.bytes, self.round_to) {
-                if let Some(segment) = crate::types::round_up(rounded, self.segment_round) {
-                    return Ok((rounded, segment.max(self.segment_min)));
-                }
-            }
-        }
-        self.diagnose(req, pool_count)
-    }
-
-    /// [`PlacementDecision::validate`]'s slow path: the first failed check, worded.
-    #[cold]
-    #[inline(never)]
-    fn diagnose(&self, req: &AllocRequest, pool_count: usize) -> Result<(u64, u64), InvalidDecision> {
-        if self.pool as usize >= pool_count {
-            return Err(InvalidDecision(format!(
-                "pool {} does not exist (the policy declares {pool_count})",
-                self.pool
-            )));
-        }
-        for (field, v) in [("round_to", self.round_to), ("segment_round", self.segment_round)] {
-            if !v.is_power_of_two() || v > MAX_GRANULARITY {
-                return Err(InvalidDecision(format!(
-                    "{field} = {v} is not a power of two between 1 and {MAX_GRANULARITY}"
-                )));
-            }
-        }
-        if self.split_min_remainder == 0 {
-            return Err(InvalidDecision("split_min_remainder must be at least 1".into()));
+            return Err(self.diagnose(pool_count));
         }
         let rounded = crate::types::round_up(req.bytes, self.round_to)
             .ok_or_else(|| InvalidDecision(format!("rounding {} bytes overflows", req.bytes)))?;
@@ -151,6 +122,22 @@ impl PlacementDecision {
             .ok_or_else(|| InvalidDecision(format!("segment for {rounded} bytes overflows")))?
             .max(self.segment_min);
         Ok((rounded, segment))
+    }
+
+    /// Words the first failed field check of [`PlacementDecision::validate`]
+    /// (kept off the hot path).
+    #[cold]
+    #[inline(never)]
+    fn diagnose(&self, pool_count: usize) -> InvalidDecision {
+        if self.pool as usize >= pool_count {
+            return InvalidDecision(format!("pool {} does not exist (the policy declares {pool_count})", self.pool));
+        }
+        for (field, v) in [("round_to", self.round_to), ("segment_round", self.segment_round)] {
+            if !v.is_power_of_two() || v > MAX_GRANULARITY {
+                return InvalidDecision(format!("{field} = {v} is not a power of two between 1 and {MAX_GRANULARITY}"));
+            }
+        }
+        InvalidDecision("split_min_remainder must be at least 1".into())
     }
 }
 

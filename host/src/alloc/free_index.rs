@@ -72,9 +72,6 @@ impl Bins {
     #[inline]
     fn next_nonempty(&self, k: usize) -> Option<usize> {
         let mut w = k / 64;
-        if w >= self.nonempty.len() {
-            return None;
-        }
         let mut bits = self.nonempty[w] & (!0u64 << (k % 64));
         loop {
             if bits != 0 {

@@ -460,7 +460,6 @@ impl<D: Device> Allocator<D> {
             self.stats.policy_memo_hits += 1;
         }
         let pool = p.pool as usize;
-        let split_min = p.decision.split_min_remainder;
         let (block, indexed) = match self.pools[pool].best_fit(stream, p.rounded, p.decision.max_waste) {
             Some(key) => {
                 self.stats.cache_hits += 1;
@@ -472,7 +471,7 @@ impl<D: Device> Allocator<D> {
         // index entry becomes the remainder's in place.
         let b = *self.blocks.get(block);
         let remainder = b.size - p.rounded;
-        if remainder > 0 && remainder >= split_min {
+        if remainder > 0 && remainder >= p.decision.split_min_remainder {
             let rest = self.blocks.insert(Block {
                 segment: b.segment,
                 offset: b.offset + p.rounded,
