@@ -17,10 +17,11 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use wasmem::alloc::Allocator;
+use wasmem::alloc::SharedAllocator;
 use wasmem::builtin;
 use wasmem::ctl::{request, CtlServer, RankControl, Request, RoleArg, ServerOptions};
 use wasmem::device::sim::{SimConfig, SimDevice};
-use wasmem::policy::{Runtime, SharedAllocator};
+use wasmem::policy::Runtime;
 use wasmem::replay::{replay, ReplayConfig};
 use wasmem::shadow::{Shadow, ShadowHandle};
 use wasmem::synth::{synth, ModelSpec};
@@ -40,7 +41,9 @@ fn control(c: &mut Criterion) {
         })
         .collect();
     let rt = Runtime::global().expect("runtime").clone();
-    let server = CtlServer::start(&path, RankControl::new(ranks, rt).into_arc(), ServerOptions::default()).unwrap();
+    let server =
+        CtlServer::start(&path, RankControl::new(ranks, std::sync::Arc::new(rt)).into_arc(), ServerOptions::default())
+            .unwrap();
     let t = Duration::from_secs(60);
     c.bench_function("ctl/status", |b| b.iter(|| black_box(request(&path, &Request::Status, t).unwrap())));
     let mut flip = false;

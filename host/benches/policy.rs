@@ -16,11 +16,14 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use wasmem::alloc::swap::SwapOptions;
 use wasmem::alloc::Allocator;
-use wasmem::builtin::{self, LruEviction, Policies, PytorchPlacement};
+use wasmem::alloc::SharedAllocator;
+use wasmem::builtin::{self, LruEviction, PytorchPlacement};
+use wasmem::decision::Policies;
 use wasmem::decision::{AllocRequest, PlacementPolicy, PolicyContext, Role};
 use wasmem::device::sim::SimDevice;
-use wasmem::policy::{CacheDir, Limits, Runtime, RuntimeConfig, SharedAllocator, SwapOptions};
+use wasmem::policy::{CacheDir, Limits, Runtime, RuntimeConfig};
 use wasmem::types::{StreamId, TensorKind, GIB};
 
 fn guest() -> Option<PathBuf> {
@@ -118,9 +121,9 @@ fn lifecycle(_c: &mut Criterion) {
     for _ in 0..50 {
         let t = Instant::now();
         let p = rt.load(&path).unwrap().instantiate("").unwrap();
-        let r = shared.swap(&p, &SwapOptions::default()).unwrap();
+        let (_, held) = shared.swap(p.resolved(), &SwapOptions::default()).unwrap();
         swap_total.push(t.elapsed());
-        swap_locked.push(r.lock_held);
+        swap_locked.push(held);
         shared.alloc(4096, TensorKind::Temp, StreamId(0)).unwrap();
     }
     println!("policy/load_compile          median {:?}", compile);

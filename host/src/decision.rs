@@ -11,6 +11,7 @@
 //! policy runtime) implement the same traits, so they are interchangeable.
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::types::{Phase, StreamId, TensorId, TensorKind, Tier, GIB};
 
@@ -154,6 +155,11 @@ pub trait PlacementPolicy: Send {
     fn memoizable(&self) -> bool {
         false
     }
+    /// The learned state behind this role, if the policy can hand it to a
+    /// successor at a hot swap (see [`PolicyState`]).
+    fn state(&self) -> Option<StateHandle> {
+        None
+    }
 }
 
 /// What made the engine consult the reclamation policy.
@@ -234,6 +240,10 @@ pub trait ReclamationPolicy: Send {
     fn paged_segments(&self) -> bool {
         false
     }
+    /// The learned state behind this role (see [`PolicyState`]).
+    fn state(&self) -> Option<StateHandle> {
+        None
+    }
 }
 
 /// A tensor the engine offers for eviction.
@@ -296,6 +306,11 @@ pub trait EvictionPolicy: Send {
     fn needs_future(&self) -> bool {
         false
     }
+
+    /// The learned state behind this role (see [`PolicyState`]).
+    fn state(&self) -> Option<StateHandle> {
+        None
+    }
 }
 
 /// Checks a victim list: every victim offered, evictable, and listed once.
@@ -349,7 +364,7 @@ impl From<InvalidDecision> for PolicyError {
 }
 
 /// The three decision roles of a policy set.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Role {
     /// [`PlacementPolicy`].
     Placement,
@@ -359,6 +374,17 @@ pub enum Role {
     Eviction,
 }
 
+impl Role {
+    /// Every role, in the order of [`Role::index`].
+    pub const ALL: [Role; 3] = [Role::Placement, Role::Reclamation, Role::Eviction];
+
+    /// Position of the role in per-role arrays (`[_; 3]`).
+    #[inline]
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+}
+
 impl fmt::Display for Role {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -366,6 +392,68 @@ impl fmt::Display for Role {
             Role::Reclamation => "reclamation",
             Role::Eviction => "eviction",
         })
+    }
+}
+
+/// Learned state that a policy can hand to its successor at a hot swap
+/// (`save-state` / `load-state` of a WebAssembly component).
+///
+/// The roles of one policy instance share its state: [`PolicyState::instance`]
+/// identifies the instance, so a swap transfers each state once. States are
+/// only meaningful between instances of the same policy:
+/// [`PolicyState::state_name`] names the format.
+pub trait PolicyState: Send + Sync {
+    /// Name of the state's format (a component's `lifecycle.name`).
+    fn state_name(&self) -> String;
+    /// Identity of the instance holding the state (equal for the roles of one instance).
+    fn instance(&self) -> usize;
+    /// The state, serialized by the policy.
+    fn save_state(&self) -> Result<Vec<u8>, PolicyError>;
+    /// Replaces the state with `state` (from [`PolicyState::save_state`] of
+    /// another instance); `Err` with the policy's refusal or the failure.
+    fn load_state(&self, state: &[u8]) -> Result<(), String>;
+}
+
+/// A shared handle to a policy's state.
+pub type StateHandle = Arc<dyn PolicyState>;
+
+/// One policy per decision role: what an allocator is driven by.
+pub struct Policies {
+    /// Placement role.
+    pub placement: Box<dyn PlacementPolicy>,
+    /// Reclamation role.
+    pub reclamation: Box<dyn ReclamationPolicy>,
+    /// Eviction role.
+    pub eviction: Box<dyn EvictionPolicy>,
+}
+
+impl Policies {
+    /// Name of the policy serving `role`.
+    pub fn name(&self, role: Role) -> &str {
+        match role {
+            Role::Placement => self.placement.name(),
+            Role::Reclamation => self.reclamation.name(),
+            Role::Eviction => self.eviction.name(),
+        }
+    }
+
+    /// The state behind `role`, if its policy has one.
+    pub fn state(&self, role: Role) -> Option<StateHandle> {
+        match role {
+            Role::Placement => self.placement.state(),
+            Role::Reclamation => self.reclamation.state(),
+            Role::Eviction => self.eviction.state(),
+        }
+    }
+}
+
+impl fmt::Debug for Policies {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Policies")
+            .field("placement", &self.placement.name())
+            .field("reclamation", &self.reclamation.name())
+            .field("eviction", &self.eviction.name())
+            .finish()
     }
 }
 

@@ -42,9 +42,9 @@ pub mod replay;
 pub mod report;
 pub mod shadow;
 pub mod shard;
+pub mod spec;
 pub mod synth;
 pub mod tier;
 pub mod trace;
-#[cfg(feature = "wasm")]
 pub mod train;
 pub mod types;

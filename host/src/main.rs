@@ -11,13 +11,13 @@ use rayon::prelude::*;
 use std::time::Duration;
 
 use wasmem::alloc::Allocator;
-use wasmem::builtin::Policies;
+use wasmem::decision::Policies;
 use wasmem::device::cuda::CudaDevice;
 use wasmem::device::sim::SimConfig;
 use wasmem::device::sim::SimDevice;
 use wasmem::device::Device;
 use wasmem::policy::{resolve_with, Limits, Runtime, RuntimeConfig};
-use wasmem::replay::{replay_split, Metrics, ReplayConfig, Split, SplitHook};
+use wasmem::replay::{replay_split, Metrics, ReplayConfig, Split};
 use wasmem::report;
 use wasmem::shadow::{Shadow, ShadowHandle};
 use wasmem::synth::{synth, ModelSpec, Optimizer};
@@ -585,13 +585,9 @@ fn run_on<D: Device + 'static>(
     });
     let split = match opts.swap {
         Some((at, to)) => {
-            let next = policies_for(to, common.deadline_ms)?;
-            let hook: SplitHook<'_, D> = Box::new(move |a: &mut Allocator<D>| {
-                a.set_placement(next.placement);
-                a.set_reclamation(next.reclamation);
-                a.set_eviction(next.eviction);
-            });
-            Some(Split { at: *at, hook })
+            let to =
+                resolve_with(runtime(common.deadline_ms)?, to).with_context(|| format!("cannot load policy `{to}`"))?;
+            Some(Split { at: *at, to, opts: Default::default() })
         }
         None => None,
     };
@@ -842,12 +838,12 @@ fn train(t: TrainArgs) -> Result<()> {
         ctl,
         device_capacity: t.device_mem,
     };
-    let rt = runtime(t.deadline_ms)?;
+    let loader: wasmem::spec::Loader = std::sync::Arc::new(runtime(t.deadline_ms)?.clone());
     match t.device {
-        DeviceKind::Sim => wasmem::train::run::train_command(&opts, rt, |_| {
+        DeviceKind::Sim => wasmem::train::run::train_command(&opts, loader, |_| {
             Ok(SimDevice::new(SimConfig { capacity: t.device_mem, host_backed: true, ..SimConfig::default() }))
         }),
-        DeviceKind::Cuda => wasmem::train::run::train_command(&opts, rt, |_| CudaDevice::new(0))
+        DeviceKind::Cuda => wasmem::train::run::train_command(&opts, loader, |_| CudaDevice::new(0))
             .map_err(|e| anyhow::anyhow!("--device cuda: {e:#}")),
     }
 }

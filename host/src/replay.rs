@@ -9,10 +9,12 @@ use std::time::Instant;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
+use crate::alloc::swap::{swap, SwapError, SwapOptions};
 use crate::alloc::{ActionKind, AllocError, Allocator, PauseHistogram, Stats};
-use crate::builtin::Policies;
+use crate::decision::Policies;
 use crate::device::sim::{SimConfig, SimDevice};
 use crate::device::Device;
+use crate::spec::Resolved;
 use crate::tier::{TierConfig, TierStats};
 use crate::trace::snapshot::export::{
     BlockState, ExportBlock, ExportInput, ExportSegment, ExportTraceEntry, TraceAction,
@@ -178,6 +180,14 @@ pub enum ReplayError {
         /// Trace id.
         id: u64,
     },
+    /// The hot swap of a split replay was refused.
+    #[error("event {event}: {source}")]
+    Swap {
+        /// Event index.
+        event: u64,
+        /// The error.
+        source: SwapError,
+    },
     /// The allocator failed in a way that is not an OOM.
     #[error("event {event}: {source}")]
     Alloc {
@@ -257,16 +267,16 @@ where
     replay_split(events, alloc, cfg, progress, None).map(|(r, _)| r)
 }
 
-/// What a [`Split`] does to the allocator.
-pub type SplitHook<'a, D> = Box<dyn FnOnce(&mut Allocator<D>) + 'a>;
-
-/// A hook run once, before the event of index `at` (0-based), typically to
-/// swap policies mid-replay.
-pub struct Split<'a, D: Device> {
+/// A hot swap before the event of index `at` (0-based): the one swap of
+/// [`crate::alloc::swap`], then the peaks restart so that each half reports
+/// its own.
+pub struct Split {
     /// Index of the first event of the second half.
     pub at: u64,
-    /// What to do to the allocator at that point.
-    pub hook: SplitHook<'a, D>,
+    /// The policies swapped in.
+    pub to: Resolved,
+    /// Which roles, and whether state is carried.
+    pub opts: SwapOptions,
 }
 
 /// Metrics of the two halves of a split replay: counters are counted within
@@ -283,12 +293,12 @@ pub struct Halves {
 
 /// Replays like [`replay_with`], running `split.hook` before event `split.at`
 /// and reporting both halves.
-pub fn replay_split<'a, D, E, I>(
+pub fn replay_split<D, E, I>(
     events: I,
     mut alloc: Allocator<D>,
     cfg: &ReplayConfig,
     mut progress: impl FnMut(u64),
-    mut split: Option<Split<'a, D>>,
+    mut split: Option<Split>,
 ) -> Result<(Replay<D>, Option<Halves>), ReplayError>
 where
     D: Device,
@@ -327,7 +337,7 @@ where
             fill(&mut fm, &alloc.stats(), alloc.device(), alloc.gc_pauses(), &alloc.tier_stats());
             fm.wall_seconds = start.elapsed().as_secs_f64();
             first = Some((fm, alloc.stats(), alloc.device().counters(), alloc.gc_pauses().len(), alloc.tier_stats()));
-            (s.hook)(&mut alloc);
+            swap(&mut alloc, s.to, &s.opts).map_err(|e| ReplayError::Swap { event: n, source: e })?;
             alloc.reset_peaks();
             half_peak_live = live;
         }

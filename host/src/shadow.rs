@@ -46,7 +46,7 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use crate::alloc::{AllocError, Allocator};
-use crate::builtin::Policies;
+use crate::decision::Policies;
 use crate::device::sim::{SimConfig, SimDevice};
 use crate::device::Device;
 use crate::replay::Metrics;

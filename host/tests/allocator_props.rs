@@ -6,7 +6,8 @@
 
 use proptest::prelude::*;
 use wasmem::alloc::{AllocError, Allocator};
-use wasmem::builtin::{self, LruEviction, Policies, PytorchReclamation};
+use wasmem::builtin::{self, LruEviction, PytorchReclamation};
+use wasmem::decision::Policies;
 use wasmem::decision::{
     AllocRequest, PlacementDecision, PlacementPolicy, PolicyContext, PolicyError, PoolSpec, ReclaimDecision,
     ReclaimTrigger, ReclamationPolicy,

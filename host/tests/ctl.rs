@@ -14,13 +14,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use wasmem::alloc::Allocator;
+use wasmem::alloc::SharedAllocator;
 use wasmem::builtin;
 use wasmem::ctl::{
     current_uid, request, request_raw, ClientError, CtlServer, RankControl, Request, RoleArg, ServerOptions, Status,
     SwapOutcome,
 };
 use wasmem::device::sim::{SimConfig, SimDevice};
-use wasmem::policy::SharedAllocator;
 use wasmem::shadow::{Shadow, ShadowHandle};
 use wasmem::trace::Event;
 use wasmem::types::{StreamId, TensorKind, GIB, MIB};
@@ -44,7 +44,7 @@ fn ranks(n: usize, policy: &str) -> Vec<SharedAllocator<SimDevice>> {
 }
 
 fn server(path: &Path, ranks: &[SharedAllocator<SimDevice>], opts: ServerOptions) -> CtlServer {
-    let ctl = RankControl::new(ranks.to_vec(), common::relaxed_runtime());
+    let ctl = RankControl::new(ranks.to_vec(), Arc::new(common::relaxed_runtime()));
     CtlServer::start(path, ctl.into_arc(), opts).unwrap()
 }
 
@@ -72,7 +72,7 @@ fn socket_and_directory_are_owner_only_and_removed_at_drop() {
     // A second server on the same live socket is refused.
     let e = CtlServer::start(
         &path,
-        RankControl::new(rs.clone(), common::relaxed_runtime()).into_arc(),
+        RankControl::new(rs.clone(), Arc::new(common::relaxed_runtime())).into_arc(),
         ServerOptions::default(),
     )
     .unwrap_err();
@@ -99,7 +99,7 @@ fn an_open_directory_or_a_foreign_file_is_refused() {
     let rs = ranks(1, "pytorch");
     let e = CtlServer::start(
         &d.join("w.sock"),
-        RankControl::new(rs.clone(), rt.clone()).into_arc(),
+        RankControl::new(rs.clone(), Arc::new(rt.clone())).into_arc(),
         ServerOptions::default(),
     )
     .unwrap_err();
@@ -107,7 +107,8 @@ fn an_open_directory_or_a_foreign_file_is_refused() {
     std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
     std::fs::write(d.join("f.sock"), b"not a socket").unwrap();
     let e =
-        CtlServer::start(&d.join("f.sock"), RankControl::new(rs, rt).into_arc(), ServerOptions::default()).unwrap_err();
+        CtlServer::start(&d.join("f.sock"), RankControl::new(rs, Arc::new(rt)).into_arc(), ServerOptions::default())
+            .unwrap_err();
     assert!(e.to_string().contains("not a socket"), "{e}");
     assert_eq!(std::fs::read(d.join("f.sock")).unwrap(), b"not a socket");
 }
@@ -302,9 +303,10 @@ fn webassembly_swaps_through_the_socket() {
         assert_eq!(shared.with(|a| a.policies().health(wasmem::decision::Role::Placement).fallbacks), 0);
     }
     // Each rank has its own instance.
-    let a = rs[0].wasm_policy(wasmem::decision::Role::Placement).unwrap();
-    let b = rs[1].wasm_policy(wasmem::decision::Role::Placement).unwrap();
-    assert_eq!(a.name(), b.name());
+    let a = rs[0].state(wasmem::decision::Role::Placement).unwrap();
+    let b = rs[1].state(wasmem::decision::Role::Placement).unwrap();
+    assert_eq!(a.state_name(), b.state_name());
+    assert_ne!(a.instance(), b.instance());
     // Swapping to the same WebAssembly policy carries its state.
     let o = swap(&path, RoleArg::Placement, "pytorch-like").unwrap();
     assert!(o.state_bytes.is_some(), "{o:?}");
@@ -345,7 +347,7 @@ fn status_reports_step_and_shadows() {
     let mut tap = sh.tap();
     tap(&Event::Alloc { id: 1, bytes: MIB, kind: TensorKind::Temp, stream: 0, t_us: None });
     tap(&Event::Free { id: 2, t_us: None });
-    let ctl = RankControl::new(rs.clone(), common::relaxed_runtime())
+    let ctl = RankControl::new(rs.clone(), Arc::new(common::relaxed_runtime()))
         .with_shadow(0, sh)
         .with_status_hook(Box::new(|s: &mut Status| s.step = Some(41)));
     let _srv = CtlServer::start(&path, ctl.into_arc(), ServerOptions::default()).unwrap();

@@ -99,7 +99,7 @@ fn overhead_with_stitching() {
             p
         };
         let d = builtin::DefragReclamation::default();
-        let variants: Vec<(&str, builtin::Policies)> = vec![
+        let variants: Vec<(&str, wasmem::decision::Policies)> = vec![
             ("pytorch", builtin::by_name("pytorch").unwrap()),
             ("lifecycle", builtin::by_name("lifecycle").unwrap()),
             ("defrag", builtin::by_name("defrag").unwrap()),

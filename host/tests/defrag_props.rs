@@ -9,7 +9,8 @@
 
 use proptest::prelude::*;
 use wasmem::alloc::{AllocError, Allocator};
-use wasmem::builtin::{self, LruEviction, Policies, PytorchPlacement, PytorchReclamation};
+use wasmem::builtin::{self, LruEviction, PytorchPlacement, PytorchReclamation};
+use wasmem::decision::Policies;
 use wasmem::decision::{PolicyContext, PolicyError, ReclaimDecision, ReclaimTrigger, ReclamationPolicy};
 use wasmem::device::sim::{SimConfig, SimCost, SimDevice};
 use wasmem::device::Device;

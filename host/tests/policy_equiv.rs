@@ -5,7 +5,8 @@
 mod common;
 
 use wasmem::alloc::Allocator;
-use wasmem::builtin::{self, LruEviction, Policies, PytorchPlacement, PytorchReclamation};
+use wasmem::builtin::{self, LruEviction, PytorchPlacement, PytorchReclamation};
+use wasmem::decision::Policies;
 use wasmem::decision::{AllocRequest, PlacementPolicy, PolicyContext, ReclaimTrigger, ReclamationPolicy, Role};
 use wasmem::device::sim::SimDevice;
 use wasmem::types::{Phase, StreamId, TensorId, TensorKind, GIB, MIB};

@@ -8,7 +8,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use wasmem::alloc::Allocator;
-use wasmem::builtin::{LruEviction, Policies, PytorchPlacement, PytorchReclamation};
+use wasmem::builtin::{LruEviction, PytorchPlacement, PytorchReclamation};
+use wasmem::decision::Policies;
 use wasmem::decision::Role;
 use wasmem::device::sim::SimDevice;
 use wasmem::policy::{Limits, Runtime, WasmPolicy};

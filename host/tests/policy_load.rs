@@ -117,7 +117,7 @@ fn specs_resolve_builtins_shipped_names_paths_and_combinations() {
     let rt = common::relaxed_runtime();
     let r = resolve_with(&rt, "lifecycle").unwrap();
     assert_eq!(r.policies.placement.name(), "lifecycle");
-    assert!(r.wasm.iter().all(Option::is_none));
+    assert!(Role::ALL.iter().all(|&role| r.policies.state(role).is_none()));
 
     let pytorch = need!(common::rust_policy("pytorch-like"));
     let lru = need!(common::rust_policy("lru-evict"));
@@ -127,7 +127,7 @@ fn specs_resolve_builtins_shipped_names_paths_and_combinations() {
     assert_eq!(r.policies.reclamation.name(), "pytorch-like");
     assert_eq!(r.policies.eviction.name(), "lru-evict");
     assert!(r.policies.placement.memoizable());
-    assert!(r.wasm.iter().all(Option::is_some));
+    assert!(Role::ALL.iter().all(|&role| r.policies.state(role).is_some()));
 
     // A shipped name (found in policies/out or the policies' build folder);
     // roles it does not export come from the built-in defaults.
@@ -145,7 +145,8 @@ fn specs_resolve_builtins_shipped_names_paths_and_combinations() {
         assert!(r.policies.reclamation.paged_segments(), "{spec}");
         assert_eq!(r.policies.eviction.name(), "lru", "{spec}");
         assert_eq!(r.sources, [Some("pytorch-like".into()), Some("defrag-reclaim".into()), None], "{spec}");
-        assert!(r.wasm[0].is_some() && r.wasm[1].is_some() && r.wasm[2].is_none(), "{spec}");
+        let states = Role::ALL.map(|role| r.policies.state(role).is_some());
+        assert_eq!(states, [true, true, false], "{spec}");
     }
     // A built-in provides all three roles: a WebAssembly part with fewer wins its roles.
     let r = resolve_with(&rt, "pytorch+watermark-reclaim").unwrap();

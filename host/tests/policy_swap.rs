@@ -9,11 +9,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use wasmem::alloc::swap::{CarryState, SwapError, SwapOptions};
 use wasmem::alloc::Allocator;
+use wasmem::alloc::SharedAllocator;
 use wasmem::builtin;
 use wasmem::decision::Role;
 use wasmem::device::sim::SimDevice;
-use wasmem::policy::{CarryState, SharedAllocator, SwapError, SwapOptions};
 use wasmem::types::{StreamId, TensorId, TensorKind, GIB};
 
 #[test]
@@ -63,7 +64,7 @@ fn swapping_under_concurrent_allocation_loses_nothing() {
                 SwapOptions { carry: CarryState::Never, ..Default::default() },
             ),
         };
-        let report = shared.swap(&new, &opts).unwrap();
+        let (report, _) = shared.swap(new.resolved(), &opts).unwrap();
         latencies.push(t0.elapsed());
         carried += report.state_bytes.is_some() as u32;
         shared.with(|a| a.check_invariants()).unwrap();
@@ -103,28 +104,29 @@ fn state_is_carried_between_instances_of_the_same_policy() {
     let hostile = rt.load(need!(common::hostile())).unwrap();
     let resolved =
         wasmem::policy::resolve_with(&rt, &format!("{}?mode=ok", hostile.path().unwrap().display())).unwrap();
-    let shared = SharedAllocator::from_resolved(SimDevice::with_capacity(64 * GIB), resolved);
+    let shared = SharedAllocator::new(Allocator::new(SimDevice::with_capacity(64 * GIB), resolved.policies));
     for i in 0..5u32 {
         shared.alloc((1u64 << (10 + i)) + 1, TensorKind::Temp, StreamId(0)).unwrap();
     }
-    let old = shared.wasm_policy(Role::Placement).unwrap();
+    let old = shared.state(Role::Placement).unwrap();
     assert_eq!(old.save_state().unwrap(), 5u64.to_le_bytes());
     let new = hostile.instantiate("mode=ok").unwrap();
-    let report = shared.swap(&new, &SwapOptions::default()).unwrap();
+    let (report, _) = shared.swap(new.resolved(), &SwapOptions::default()).unwrap();
     assert_eq!(report.state_bytes, Some(8));
     assert_eq!(report.roles, vec![Role::Placement, Role::Reclamation, Role::Eviction]);
     assert_eq!(new.save_state().unwrap(), 5u64.to_le_bytes(), "the count moved to the new instance");
     // `Never` starts fresh.
     let fresh = hostile.instantiate("mode=ok").unwrap();
-    let report = shared.swap(&fresh, &SwapOptions { carry: CarryState::Never, ..Default::default() }).unwrap();
+    let (report, _) =
+        shared.swap(fresh.resolved(), &SwapOptions { carry: CarryState::Never, ..Default::default() }).unwrap();
     assert_eq!(report.state_bytes, None);
     assert_eq!(fresh.save_state().unwrap(), 0u64.to_le_bytes());
     // Only one role.
     let one = hostile.instantiate("mode=ok").unwrap();
-    let report =
-        shared.swap(&one, &SwapOptions { roles: Some(vec![Role::Eviction]), carry: CarryState::Always }).unwrap();
+    let opts = SwapOptions { roles: Some(vec![Role::Eviction]), carry: CarryState::Always };
+    let (report, _) = shared.swap(one.resolved(), &opts).unwrap();
     assert_eq!(report.roles, vec![Role::Eviction]);
-    assert_eq!(shared.wasm_policy(Role::Eviction).unwrap().save_state().unwrap(), 0u64.to_le_bytes());
+    assert_eq!(shared.state(Role::Eviction).unwrap().save_state().unwrap(), 0u64.to_le_bytes());
 }
 
 #[test]
@@ -134,21 +136,23 @@ fn failing_load_state_aborts_the_swap_and_keeps_the_old_policy() {
     let pytorch = rt.load(need!(common::rust_policy("pytorch-like"))).unwrap();
     let shared = SharedAllocator::new(Allocator::new(SimDevice::with_capacity(64 * GIB), builtin::default_policies()));
     let first = hostile.instantiate("mode=ok").unwrap();
-    shared.swap(&first, &SwapOptions::default()).unwrap();
+    shared.swap(first.resolved(), &SwapOptions::default()).unwrap();
     let ids: Vec<_> = (0..4u32).map(|i| shared.alloc(1 << (12 + i), TensorKind::Grad, StreamId(0)).unwrap()).collect();
     let bad = hostile.instantiate("mode=bad-state").unwrap();
-    let err = shared.swap(&bad, &SwapOptions::default()).unwrap_err();
+    let err = shared.swap(bad.resolved(), &SwapOptions::default()).unwrap_err();
     assert!(matches!(err, SwapError::LoadState { .. }), "{err:?}");
     let msg = err.to_string();
     assert!(msg.contains("`hostile` stays") && msg.contains("refuses a state of 8 bytes"), "{msg}");
     // The old instance still serves every role, with its state.
-    let still = shared.wasm_policy(Role::Placement).unwrap();
+    let still = shared.state(Role::Placement).unwrap();
     assert_eq!(still.save_state().unwrap(), 4u64.to_le_bytes());
     shared.alloc(12345, TensorKind::Temp, StreamId(0)).unwrap();
     assert_eq!(still.save_state().unwrap(), 5u64.to_le_bytes());
     // A role the new policy does not export is refused up front.
     let p = pytorch.instantiate("").unwrap();
-    let err = shared.swap(&p, &SwapOptions { roles: Some(vec![Role::Eviction]), ..Default::default() }).unwrap_err();
+    let err = shared
+        .swap(p.resolved(), &SwapOptions { roles: Some(vec![Role::Eviction]), ..Default::default() })
+        .unwrap_err();
     assert!(matches!(err, SwapError::MissingRole { role: Role::Eviction, .. }), "{err:?}");
     shared.with(|a| {
         a.check_invariants().unwrap();

@@ -6,6 +6,7 @@ use wasmem::alloc::Allocator;
 use wasmem::builtin;
 use wasmem::device::sim::SimDevice;
 use wasmem::replay::{replay_split, ReplayConfig, Split};
+use wasmem::spec::{resolve, Builtins};
 use wasmem::synth::{synth, ModelSpec};
 
 #[test]
@@ -16,15 +17,10 @@ fn swapped_policies_do_not_strand_memory() {
     for (from, to) in [("lifecycle", "pytorch"), ("pytorch", "lifecycle"), ("naive", "lifecycle")] {
         let cfg = ReplayConfig::default();
         let alloc = Allocator::new(SimDevice::new(cfg.device), builtin::by_name(from).expect("built-in"));
-        let next = builtin::by_name(to).expect("built-in");
-        let hook = Box::new(move |a: &mut Allocator<SimDevice>| {
-            a.set_placement(next.placement);
-            a.set_reclamation(next.reclamation);
-            a.set_eviction(next.eviction);
-        });
-        let (r, halves) =
-            replay_split(events.iter().cloned().map(Ok::<_, String>), alloc, &cfg, |_| {}, Some(Split { at, hook }))
-                .expect("replay");
+        let next = resolve(to, &Builtins).expect("built-in");
+        let split = Split { at, to: next, opts: Default::default() };
+        let (r, halves) = replay_split(events.iter().cloned().map(Ok::<_, String>), alloc, &cfg, |_| {}, Some(split))
+            .expect("replay");
         r.allocator.check_invariants().expect("invariants");
         let h = halves.expect("split inside the trace");
         assert_eq!(h.first.events + h.second.events, r.metrics.events);

@@ -9,7 +9,8 @@
 
 use proptest::prelude::*;
 use wasmem::alloc::Allocator;
-use wasmem::builtin::{self, Policies};
+use wasmem::builtin;
+use wasmem::decision::Policies;
 use wasmem::decision::{EvictionCandidate, EvictionPolicy, PolicyContext, PolicyError};
 use wasmem::device::sim::{SimConfig, SimDevice};
 use wasmem::tier::TierConfig;

@@ -2,8 +2,8 @@
 //! same loss at every step; model-state bytes follow the ZeRO formulas.
 
 use wasmem::alloc::Allocator;
+use wasmem::alloc::SharedAllocator;
 use wasmem::device::sim::{SimConfig, SimDevice};
-use wasmem::policy::SharedAllocator;
 use wasmem::shard::ZeroConfig;
 use wasmem::synth::ModelSpec;
 use wasmem::train::{TrainConfig, TrainResult, Trainer};

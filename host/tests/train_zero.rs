@@ -5,9 +5,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use wasmem::alloc::Allocator;
+use wasmem::alloc::SharedAllocator;
 use wasmem::builtin;
 use wasmem::device::sim::{SimConfig, SimDevice};
-use wasmem::policy::{Runtime, SharedAllocator};
+use wasmem::policy::Runtime;
 use wasmem::replay::{replay, ReplayConfig};
 use wasmem::shard::{Plan, ZeroConfig};
 use wasmem::synth::ModelSpec;
@@ -121,7 +122,7 @@ fn recorded_traces_equal_the_synthesized_plan_and_replay_to_the_same_peak() {
 #[test]
 fn a_hot_swap_in_the_middle_changes_no_loss() {
     let plain = Trainer::new(cfg(3, 4, false, 6), allocators(4, |_| 8 << 30)).unwrap().run().unwrap();
-    let rt = Runtime::global().unwrap();
+    let rt: wasmem::spec::Loader = Arc::new(Runtime::global().unwrap().clone());
     let wasm = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies/out/pytorch-like.wasm");
     let mut targets = vec!["lifecycle".to_string()];
     if wasm.is_file() {
@@ -130,10 +131,10 @@ fn a_hot_swap_in_the_middle_changes_no_loss() {
     for to in targets {
         let mut t = Trainer::new(cfg(3, 4, false, 6), allocators(4, |_| 8 << 30)).unwrap();
         let swaps = Arc::new(Mutex::new(0));
-        let (count, target) = (swaps.clone(), to.clone());
+        let (count, target, rt) = (swaps.clone(), to.clone(), rt.clone());
         t.on_step(Arc::new(move |_, step, alloc| {
             if step == 3 {
-                swap_policy(alloc, rt, &target)?;
+                swap_policy(alloc, &rt, &target)?;
                 *count.lock().unwrap() += 1;
             }
             Ok(())

@@ -1,11 +1,13 @@
 //! The allocator behind the C ABI, whatever its device: [`Engine`] is the
 //! small object-safe slice of [`Allocator`] the library needs.
 
+use wasmem::alloc::swap::{swap, SwapError, SwapOptions, SwapReport};
 use wasmem::alloc::{AllocError, Allocator, Stats};
-use wasmem::builtin::Policies;
+use wasmem::decision::Policies;
 use wasmem::device::cuda::CudaDevice;
 use wasmem::device::sim::SimDevice;
 use wasmem::device::{Device, DeviceError, DevicePtr};
+use wasmem::spec::Resolved;
 use wasmem::types::{StreamId, TensorId, TensorKind};
 
 use crate::config::Backend;
@@ -19,8 +21,9 @@ pub trait Engine: Send {
     fn free(&mut self, id: TensorId) -> Result<(), AllocError>;
     /// Statistics so far.
     fn stats(&self) -> Stats;
-    /// Replaces all three policies (between two decisions).
-    fn set_policies(&mut self, p: Policies);
+    /// The one hot swap ([`wasmem::alloc::swap::swap`]): the roles `new`
+    /// provides, carrying state, between two decisions.
+    fn swap(&mut self, new: Resolved) -> Result<SwapReport, SwapError>;
     /// The backend's name (`cuda`, `sim`).
     fn device_name(&self) -> &'static str;
     /// The device's capacity in bytes.
@@ -41,10 +44,8 @@ impl<D: Device> Engine for Allocator<D> {
         Allocator::stats(self)
     }
 
-    fn set_policies(&mut self, p: Policies) {
-        self.set_placement(p.placement);
-        self.set_reclamation(p.reclamation);
-        self.set_eviction(p.eviction);
+    fn swap(&mut self, new: Resolved) -> Result<SwapReport, SwapError> {
+        swap(self, new, &SwapOptions::default()).map(|(report, _retired)| report)
     }
 
     fn device_name(&self) -> &'static str {

@@ -19,7 +19,7 @@
 //! | `void wasmem_free(void* ptr, ssize_t size, int device, cudaStream_t stream)` | frees `ptr`; null is a no-op; a pointer not handed out here or already freed is logged and ignored |
 //! | `int wasmem_stats_json(char* buf, size_t len)` | the statistics as one JSON object; returns its length in bytes (without the NUL), and wrote it with a NUL iff that length is `< len`, else wrote an empty string (when `len > 0`); `-1` on failure. `buf` may be null to ask for the length |
 //! | `int wasmem_dump_trace(const char* path)` | writes the allocations and frees seen so far as a trace v1 (`.gz`: compressed) to `path` (null: to `WASMEM_TRACE_OUT`); `0`, or `-1` (tracing off, I/O error: logged) |
-//! | `int wasmem_swap_policy(const char* spec)` | resolves a policy spec (as `WASMEM_POLICY`) and replaces all three roles between two decisions; `0`, or `-1` with the old policies kept (logged) |
+//! | `int wasmem_swap_policy(const char* spec)` | resolves a policy spec (as `WASMEM_POLICY`) and swaps in the roles it provides between two decisions (the engine's one swap: state carried between instances of the same policy); `0`, or `-1` with the old policies kept (logged) |
 //!
 //! The signatures of `wasmem_malloc` and `wasmem_free` are those
 //! `CUDAPluggableAllocator` calls (it passes `size_t`; a value above
@@ -221,8 +221,8 @@ pub unsafe extern "C" fn wasmem_dump_trace(path: *const c_char) -> c_int {
 }
 
 /// Resolves the policy `spec` (a built-in name, a shipped policy name, a
-/// `.wasm` path, or parts joined by `+`, as `WASMEM_POLICY`) and replaces
-/// the placement, reclamation and eviction policies between two decisions.
+/// `.wasm` path, or parts joined by `+`, as `WASMEM_POLICY`) and swaps in
+/// the roles it provides between two decisions (see `wasmem::alloc::swap`).
 /// Returns 0, or -1 when the spec does not resolve (logged; the old policies stay).
 ///
 /// # Safety
@@ -235,9 +235,9 @@ pub unsafe extern "C" fn wasmem_swap_policy(spec: *const c_char) -> c_int {
         let spec = spec.to_str().map_err(|_| Failure::new(Cause::BadArgument, "spec is not UTF-8"))?;
         let m = state()?;
         // Loading a WebAssembly policy takes milliseconds: not under the lock.
-        let policies = state::resolve_spec(spec)
+        let resolved = state::resolve_spec(spec)
             .map_err(|e| Failure::new(Cause::Policy, format!("policy `{spec}` does not resolve: {e}")))?;
-        lock(m).swap(spec, policies);
+        lock(m).swap(resolved)?;
         tracing::info!("wasmem: swapped to policy `{}`", spec.trim());
         Ok(0)
     })

@@ -17,7 +17,9 @@ use std::path::Path;
 use rustc_hash::FxHashMap;
 use serde_json::{json, Value};
 use wasmem::alloc::AllocError;
-use wasmem::builtin::{self, Policies};
+use wasmem::builtin;
+use wasmem::decision::{Policies, Role};
+use wasmem::spec::Resolved;
 use wasmem::trace::{Event, TraceHeader};
 use wasmem::types::{StreamId, TensorId, TensorKind};
 
@@ -54,16 +56,9 @@ struct Live {
     bytes: u64,
 }
 
-/// Resolves a policy spec: a plain built-in name without loading the
-/// WebAssembly runtime, anything else through [`wasmem::policy::resolve`].
-pub fn resolve_spec(spec: &str) -> Result<Policies, String> {
-    let spec = spec.trim();
-    if let Some(p) = builtin::by_name(spec) {
-        return Ok(p);
-    }
-    if spec.is_empty() {
-        return Err("empty policy spec".into());
-    }
+/// Resolves a policy spec: built-in names without starting the WebAssembly
+/// runtime, components through the global one ([`wasmem::policy::resolve`]).
+pub fn resolve_spec(spec: &str) -> Result<Resolved, String> {
     wasmem::policy::resolve(spec).map_err(|e| e.to_string())
 }
 
@@ -101,7 +96,8 @@ impl State {
     /// opened at the first allocation).
     pub fn new(config: Config) -> Result<State, String> {
         let policies = resolve_spec(&config.policy)
-            .map_err(|e| format!("WASMEM_POLICY=`{}` does not resolve: {e}", config.policy))?;
+            .map_err(|e| format!("WASMEM_POLICY=`{}` does not resolve: {e}", config.policy))?
+            .policies;
         Ok(State {
             policy: config.policy.clone(),
             trace: config.trace_out.as_ref().map(|_| Vec::new()),
@@ -233,13 +229,32 @@ impl State {
         engine.free(live.id).map_err(|e| Failure::new(Cause::FreeFailed, format!("free of {ptr:#x} failed: {e}")))
     }
 
-    /// Replaces all policies with `policies`, resolved from `spec`.
-    pub fn swap(&mut self, spec: &str, policies: Policies) {
+    /// Swaps in the roles `new` provides (the one swap: state carried
+    /// between instances of the same policy); before the engine opens, they
+    /// replace those roles of the policies it will open with.
+    pub fn swap(&mut self, new: Resolved) -> Result<(), Failure> {
+        let spec = new.spec.clone();
         match self.engine.as_deref_mut() {
-            Some(e) => e.set_policies(policies),
-            None => self.pending = Some(policies),
+            Some(e) => {
+                e.swap(new).map_err(|e| Failure::new(Cause::Policy, format!("swap to `{spec}` refused: {e}")))?;
+            }
+            None => {
+                let provided = new.provided();
+                let p = self.pending.get_or_insert_with(builtin::default_policies);
+                let Policies { placement, reclamation, eviction } = new.policies;
+                if provided.contains(&Role::Placement) {
+                    p.placement = placement;
+                }
+                if provided.contains(&Role::Reclamation) {
+                    p.reclamation = reclamation;
+                }
+                if provided.contains(&Role::Eviction) {
+                    p.eviction = eviction;
+                }
+            }
         }
-        self.policy = spec.trim().to_string();
+        self.policy = spec;
+        Ok(())
     }
 
     /// The statistics as a JSON object: the allocator's [`Stats`] fields

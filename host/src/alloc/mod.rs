@@ -43,18 +43,21 @@ mod handles;
 mod paged;
 mod policies;
 mod pool;
+pub mod shared;
 mod slab;
 mod stats;
+pub mod swap;
 mod tiering;
 
 pub use deferred::PendingView;
 pub use handles::Tensor;
-pub use policies::{PolicySet, RoleHealth};
+pub use policies::{NoDecision, PolicySet, RoleHealth};
 pub use pool::Pool;
+pub use shared::SharedAllocator;
 pub use slab::{Block, Segment, NIL};
 pub use stats::{Gauges, PauseHistogram, Stats};
 
-use crate::builtin::{Policies, PytorchPlacement};
+use crate::decision::Policies;
 use crate::decision::{
     AllocRequest, EvictionCandidate, EvictionPolicy, PlacementPolicy, PolicyContext, ReclaimDecision, ReclaimTrigger,
     ReclamationPolicy,
@@ -131,6 +134,9 @@ pub enum AllocError {
     /// The device failed in an unexpected way.
     #[error("device error: {0}")]
     Device(#[from] DeviceError),
+    /// Neither the policy nor the fallback gave a valid decision.
+    #[error("{0}")]
+    NoDecision(#[from] NoDecision),
     /// A move between tiers failed; the tensor stayed on its previous tier.
     #[error("{0}")]
     Tier(#[from] TierError),
@@ -238,15 +244,22 @@ pub struct Allocator<D: Device> {
 }
 
 impl<D: Device> Allocator<D> {
-    /// An allocator over `device` driven by `policies`.
+    /// An allocator over `device` driven by `policies`, with the built-in
+    /// default (`pytorch`) as the fallback of every role.
     pub fn new(device: D, policies: Policies) -> Self {
+        Self::with_fallback(device, policies, crate::builtin::default_policies())
+    }
+
+    /// An allocator over `device` driven by `policies`, where `fallback`
+    /// decides every call that a policy fails or answers invalidly.
+    pub fn with_fallback(device: D, policies: Policies, fallback: Policies) -> Self {
         let mut a = Allocator {
             device,
             blocks: Slab::default(),
             segments: Slab::default(),
             pools: Vec::new(),
             tensors: HandleTable::default(),
-            policies: PolicySet::new(policies.placement, policies.reclamation, policies.eviction),
+            policies: PolicySet::new(policies, fallback),
             stats: Stats::default(),
             clock: 0,
             phase: None,
@@ -260,9 +273,9 @@ impl<D: Device> Allocator<D> {
             reservations: FxHashMap::default(),
             tiers: None,
         };
-        let default_pools = PytorchPlacement.pools();
-        a.policies.default_pool_map = a.register_pools(&default_pools);
-        let pools = a.policies.placement.pools();
+        let fallback_pools = a.policies.fallback().placement.pools();
+        a.policies.fallback_pool_map = a.register_pools(&fallback_pools);
+        let pools = a.policies.active().placement.pools();
         a.policies.pool_map = a.register_pools(&pools);
         a
     }
@@ -288,22 +301,25 @@ impl<D: Device> Allocator<D> {
             .collect()
     }
 
-    /// Replaces the placement policy (between two decisions). Its pools are
-    /// matched to existing pools by name; new names become new pools.
-    pub fn set_placement(&mut self, p: Box<dyn PlacementPolicy>) {
+    /// Replaces the placement policy (between two decisions) and returns
+    /// the old one. Its pools are matched to existing pools by name; new
+    /// names become new pools. Hot swaps go through [`swap::swap`], which
+    /// also carries learned state.
+    pub fn set_placement(&mut self, p: Box<dyn PlacementPolicy>) -> Box<dyn PlacementPolicy> {
         let pools = p.pools();
-        self.policies.set_placement(p);
+        let old = self.policies.set_placement(p);
         self.policies.pool_map = self.register_pools(&pools);
+        old
     }
 
-    /// Replaces the reclamation policy.
-    pub fn set_reclamation(&mut self, p: Box<dyn ReclamationPolicy>) {
-        self.policies.set_reclamation(p);
+    /// Replaces the reclamation policy and returns the old one.
+    pub fn set_reclamation(&mut self, p: Box<dyn ReclamationPolicy>) -> Box<dyn ReclamationPolicy> {
+        self.policies.set_reclamation(p)
     }
 
-    /// Replaces the eviction policy.
-    pub fn set_eviction(&mut self, p: Box<dyn EvictionPolicy>) {
-        self.policies.set_eviction(p);
+    /// Replaces the eviction policy and returns the old one.
+    pub fn set_eviction(&mut self, p: Box<dyn EvictionPolicy>) -> Box<dyn EvictionPolicy> {
+        self.policies.set_eviction(p)
     }
 
     /// The policies and their health.
@@ -455,7 +471,7 @@ impl<D: Device> Allocator<D> {
     #[inline(always)]
     fn place_block(&mut self, req: &AllocRequest) -> Result<(u32, u32), AllocError> {
         let (stream, ctx) = (req.stream, self.context());
-        let p = self.policies.place(req, &ctx);
+        let p = self.policies.place(req, &ctx)?;
         if p.memo_hit {
             self.stats.policy_memo_hits += 1;
         }
@@ -761,7 +777,7 @@ impl<D: Device> Allocator<D> {
             // cache again: the engine gives it back before growing, whatever
             // the policy said.
             let orphans: Vec<String> = (0..self.pools.len() as u32)
-                .filter(|i| !self.policies.pool_map.contains(i) && !self.policies.default_pool_map.contains(i))
+                .filter(|i| !self.policies.pool_map.contains(i) && !self.policies.fallback_pool_map.contains(i))
                 .filter(|&i| self.pools[i as usize].cached_bytes() > 0)
                 .map(|i| self.pools[i as usize].name.clone())
                 .collect();

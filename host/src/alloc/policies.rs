@@ -1,18 +1,25 @@
-//! The engine side of the policy boundary: the active policies, the built-in
-//! default behind them, decision validation, memoization and failure
+//! The engine side of the policy boundary: the active policies, the
+//! fallback behind them, decision validation, memoization and failure
 //! accounting.
 //!
-//! Every call goes through here. A policy error or an invalid decision is
-//! counted, logged once per policy and cause, and replaced by the default's
-//! decision for that call. After `max_consecutive_failures` failures in a row
-//! a role's policy is disabled and the default stays in charge.
+//! Every decision goes through one skeleton, [`consult`]: ask the active
+//! policy of a role (unless that role is disabled), validate its answer, and
+//! record the outcome in the role's [`RoleHealth`]. A policy error or an
+//! invalid decision is counted, logged once per policy and cause, and the
+//! *fallback* policy of the role decides that call instead. After
+//! `max_consecutive_failures` failures in a row a role's policy is disabled
+//! and the fallback stays in charge until a new policy takes the role.
+//!
+//! The fallback is injected ([`PolicySet::new`]); [`crate::alloc::Allocator::new`]
+//! uses the built-in `pytorch` set. Its decisions are validated too: a
+//! fallback that cannot place a request fails that request with
+//! [`NoDecision`] instead of corrupting the allocator.
 
 use rustc_hash::FxHashMap;
 
-use crate::builtin::{LruEviction, PytorchPlacement, PytorchReclamation};
 use crate::decision::{
-    validate_victims, AllocRequest, EvictionCandidate, EvictionPolicy, PlacementDecision, PlacementPolicy,
-    PolicyContext, PolicyError, ReclaimDecision, ReclaimTrigger, ReclamationPolicy, Role,
+    validate_victims, AllocRequest, EvictionCandidate, EvictionPolicy, PlacementDecision, PlacementPolicy, Policies,
+    PolicyContext, PolicyError, ReclaimDecision, ReclaimTrigger, ReclamationPolicy, Role, StateHandle,
 };
 use crate::types::{Phase, TensorId};
 
@@ -23,7 +30,7 @@ pub struct RoleHealth {
     pub calls: u64,
     /// Calls that trapped or hit a limit.
     pub traps: u64,
-    /// Calls decided by the default instead.
+    /// Calls decided by the fallback instead.
     pub fallbacks: u64,
     /// Failures in a row (reset by a good decision).
     pub consecutive_failures: u32,
@@ -57,7 +64,7 @@ impl RoleHealth {
         let d = std::mem::discriminant(err);
         if !self.logged.contains(&d) {
             self.logged.push(d);
-            tracing::warn!(%role, policy, error = %err, "policy failed; the built-in default decides this call");
+            tracing::warn!(%role, policy, error = %err, "policy failed; the fallback policy decides this call");
         }
         if !self.disabled && max > 0 && self.consecutive_failures >= max {
             self.disabled = true;
@@ -65,10 +72,23 @@ impl RoleHealth {
                 %role,
                 policy,
                 failures = self.consecutive_failures,
-                "policy disabled after consecutive failures; the built-in default stays in charge"
+                "policy disabled after consecutive failures; the fallback policy stays in charge"
             );
         }
     }
+}
+
+/// The fallback policy of a role gave no valid decision either: the request
+/// fails (nothing changed).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the fallback {role} policy `{policy}` gave no valid decision: {cause}")]
+pub struct NoDecision {
+    /// The role.
+    pub role: Role,
+    /// The fallback policy.
+    pub policy: String,
+    /// Its failure.
+    pub cause: PolicyError,
 }
 
 /// A validated placement, in engine terms.
@@ -86,28 +106,48 @@ pub(crate) struct Placement {
     pub memo_hit: bool,
 }
 
-/// The active policies of an allocator and their defaults.
+/// The active policies of an allocator and the fallback behind them.
 pub struct PolicySet {
-    pub(crate) placement: Box<dyn PlacementPolicy>,
-    pub(crate) reclamation: Box<dyn ReclamationPolicy>,
-    pub(crate) eviction: Box<dyn EvictionPolicy>,
-    /// Placement-local pool index → engine pool index.
+    active: Policies,
+    fallback: Policies,
+    /// Active placement's pool index → engine pool index.
     pub(crate) pool_map: Vec<u32>,
-    /// Engine pools of the default placement (`small`, `large`).
-    pub(crate) default_pool_map: Vec<u32>,
+    /// Fallback placement's pool index → engine pool index.
+    pub(crate) fallback_pool_map: Vec<u32>,
     memoize: bool,
     memo: FxHashMap<u64, PlacementDecision>,
-    /// Health per role: placement, reclamation, eviction.
-    pub(crate) health: [RoleHealth; 3],
+    /// Health per role, indexed by [`Role::index`].
+    health: [RoleHealth; 3],
     /// Consecutive failures before a role's policy is disabled (0: never).
     pub max_consecutive_failures: u32,
 }
 
-impl PolicySet {
-    /// Whether new large segments should be paged: the reclamation policy
-    /// asks for it and is not disabled.
-    pub(crate) fn reclamation_wants_pages(&self) -> bool {
-        !self.health[1].disabled && self.reclamation.paged_segments()
+/// The decision skeleton shared by every role: ask `policy` through `call`
+/// unless the role is disabled, and record the outcome in `health`. `None`:
+/// the fallback decides (the failure is already counted).
+#[inline(always)]
+fn consult<P: ?Sized, T>(
+    policy: &mut P,
+    name: impl FnOnce(&P) -> &str,
+    health: &mut RoleHealth,
+    role: Role,
+    max: u32,
+    call: impl FnOnce(&mut P) -> Result<T, PolicyError>,
+) -> Option<T> {
+    if health.disabled {
+        health.fallbacks += 1;
+        return None;
+    }
+    health.calls += 1;
+    match call(policy) {
+        Ok(v) => {
+            health.consecutive_failures = 0;
+            Some(v)
+        }
+        Err(e) => {
+            health.record(role, name(policy), &e, max);
+            None
+        }
     }
 }
 
@@ -117,19 +157,38 @@ fn memo_key(req: &AllocRequest, phase: Option<Phase>) -> u64 {
     (req.stream.0 as u64) << 32 | (req.kind.index() as u64) << 16 | class << 8 | phase
 }
 
+/// Checks a reclamation decision against the pools (`pool_allocated` gives
+/// a pool's allocated bytes by name, `None` when it does not exist).
+fn validate_reclaim(d: &ReclaimDecision, pool_allocated: &impl Fn(&str) -> Option<u64>) -> Result<(), PolicyError> {
+    if let Some(bad) = d.pools.iter().flatten().find(|p| pool_allocated(p).is_none()) {
+        return Err(PolicyError::InvalidDecision(format!("pool `{bad}` does not exist")));
+    }
+    if let Some((pool, budget)) = &d.compact {
+        match pool_allocated(pool) {
+            None => {
+                return Err(PolicyError::InvalidDecision(format!("compaction of pool `{pool}`, which does not exist")))
+            }
+            Some(a) if *budget > a => {
+                return Err(PolicyError::InvalidDecision(format!(
+                    "compaction budget {budget} exceeds pool `{pool}`'s {a} allocated bytes"
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
 impl PolicySet {
-    pub(crate) fn new(
-        placement: Box<dyn PlacementPolicy>,
-        reclamation: Box<dyn ReclamationPolicy>,
-        eviction: Box<dyn EvictionPolicy>,
-    ) -> Self {
-        let memoize = placement.memoizable();
+    /// `active` policies with `fallback` behind them. The pool maps are
+    /// filled by the allocator ([`crate::alloc::Allocator`] registers pools).
+    pub(crate) fn new(active: Policies, fallback: Policies) -> Self {
+        let memoize = active.placement.memoizable();
         PolicySet {
-            placement,
-            reclamation,
-            eviction,
+            active,
+            fallback,
             pool_map: Vec::new(),
-            default_pool_map: Vec::new(),
+            fallback_pool_map: Vec::new(),
             memoize,
             memo: FxHashMap::default(),
             health: Default::default(),
@@ -137,171 +196,212 @@ impl PolicySet {
         }
     }
 
-    pub(crate) fn set_placement(&mut self, p: Box<dyn PlacementPolicy>) {
+    /// The active policies.
+    pub fn active(&self) -> &Policies {
+        &self.active
+    }
+
+    /// The fallback policies.
+    pub fn fallback(&self) -> &Policies {
+        &self.fallback
+    }
+
+    /// Whether new large segments should be paged: the reclamation policy in
+    /// charge (the active one, or the fallback once it is disabled) asks for it.
+    pub(crate) fn reclamation_wants_pages(&self) -> bool {
+        if self.health[Role::Reclamation.index()].disabled {
+            self.fallback.reclamation.paged_segments()
+        } else {
+            self.active.reclamation.paged_segments()
+        }
+    }
+
+    /// Installs a placement policy (pools are re-mapped by the caller);
+    /// returns the one it replaces.
+    pub(crate) fn set_placement(&mut self, p: Box<dyn PlacementPolicy>) -> Box<dyn PlacementPolicy> {
         self.memoize = p.memoizable();
         self.memo.clear();
-        self.placement = p;
-        self.health[0].fresh_policy();
+        self.health[Role::Placement.index()].fresh_policy();
+        std::mem::replace(&mut self.active.placement, p)
     }
 
-    pub(crate) fn set_reclamation(&mut self, p: Box<dyn ReclamationPolicy>) {
-        self.reclamation = p;
-        self.health[1].fresh_policy();
+    /// Installs a reclamation policy; returns the one it replaces.
+    pub(crate) fn set_reclamation(&mut self, p: Box<dyn ReclamationPolicy>) -> Box<dyn ReclamationPolicy> {
+        self.health[Role::Reclamation.index()].fresh_policy();
+        std::mem::replace(&mut self.active.reclamation, p)
     }
 
-    pub(crate) fn set_eviction(&mut self, p: Box<dyn EvictionPolicy>) {
-        self.eviction = p;
-        self.health[2].fresh_policy();
+    /// Installs an eviction policy; returns the one it replaces.
+    pub(crate) fn set_eviction(&mut self, p: Box<dyn EvictionPolicy>) -> Box<dyn EvictionPolicy> {
+        self.health[Role::Eviction.index()].fresh_policy();
+        std::mem::replace(&mut self.active.eviction, p)
     }
 
     /// Names of the active policies (placement, reclamation, eviction).
     pub fn names(&self) -> [String; 3] {
-        [self.placement.name().to_string(), self.reclamation.name().to_string(), self.eviction.name().to_string()]
+        Role::ALL.map(|r| self.active.name(r).to_string())
+    }
+
+    /// The state behind the active policy of `role`, if it has one.
+    pub fn state(&self, role: Role) -> Option<StateHandle> {
+        self.active.state(role)
     }
 
     /// Health of a role.
     pub fn health(&self, role: Role) -> &RoleHealth {
-        &self.health[role as usize]
+        &self.health[role.index()]
     }
 
     /// Decides placement for `req`.
     #[inline]
-    pub(crate) fn place(&mut self, req: &AllocRequest, ctx: &PolicyContext) -> Placement {
-        let h = &mut self.health[0];
-        let mut memo_hit = false;
-        let mut called = false;
-        let result = if h.disabled {
-            Err(PolicyError::Disabled)
-        } else if let Some(d) = self.memoize.then(|| self.memo.get(&memo_key(req, ctx.phase))).flatten() {
-            memo_hit = true;
-            Ok(*d)
-        } else {
-            h.calls += 1;
-            called = true;
-            self.placement.place(req, ctx)
-        };
-        let checked = result.and_then(|d| {
-            let (rounded, seg) = d.validate(req, self.pool_map.len())?;
-            Ok((d, rounded, seg))
-        });
-        match checked {
-            Ok((d, rounded, seg)) => {
-                if called {
-                    h.consecutive_failures = 0;
-                    if self.memoize && d.cacheable {
-                        self.memo.insert(memo_key(req, ctx.phase), d);
-                    }
-                }
-                Placement { pool: self.pool_map[d.pool as usize], rounded, segment: seg, decision: d, memo_hit }
-            }
-            Err(e) => {
-                if !matches!(e, PolicyError::Disabled) {
-                    h.record(Role::Placement, self.placement.name(), &e, self.max_consecutive_failures);
-                } else {
-                    h.fallbacks += 1;
-                }
-                let d = PytorchPlacement::decide(req.bytes);
-                let (rounded, seg) = d.validate(req, 2).expect("the default placement is valid for accepted sizes");
-                Placement {
-                    pool: self.default_pool_map[d.pool as usize],
-                    rounded,
-                    segment: seg,
-                    decision: d,
-                    memo_hit: false,
+    pub(crate) fn place(&mut self, req: &AllocRequest, ctx: &PolicyContext) -> Result<Placement, NoDecision> {
+        let pools = self.pool_map.len();
+        let h = &mut self.health[Role::Placement.index()];
+        if self.memoize && !h.disabled {
+            if let Some(d) = self.memo.get(&memo_key(req, ctx.phase)) {
+                if let Ok((rounded, segment)) = d.validate(req, pools) {
+                    let pool = self.pool_map[d.pool as usize];
+                    return Ok(Placement { pool, rounded, segment, decision: *d, memo_hit: true });
                 }
             }
         }
+        let max = self.max_consecutive_failures;
+        let got = consult(
+            &mut *self.active.placement,
+            |p| p.name(),
+            h,
+            Role::Placement,
+            max,
+            |p| {
+                let d = p.place(req, ctx)?;
+                let (rounded, segment) = d.validate(req, pools)?;
+                Ok((d, rounded, segment))
+            },
+        );
+        match got {
+            Some((d, rounded, segment)) => {
+                if self.memoize && d.cacheable {
+                    self.memo.insert(memo_key(req, ctx.phase), d);
+                }
+                Ok(Placement { pool: self.pool_map[d.pool as usize], rounded, segment, decision: d, memo_hit: false })
+            }
+            None => self.fallback_place(req, ctx),
+        }
     }
 
-    /// Decides reclamation; `pool_exists` checks pool names.
+    #[cold]
+    #[inline(never)]
+    fn fallback_place(&mut self, req: &AllocRequest, ctx: &PolicyContext) -> Result<Placement, NoDecision> {
+        let pools = self.fallback_pool_map.len();
+        let fb = &mut self.fallback.placement;
+        let decided = fb.place(req, ctx).and_then(|d| Ok((d, d.validate(req, pools)?)));
+        match decided {
+            Ok((d, (rounded, segment))) => Ok(Placement {
+                pool: self.fallback_pool_map[d.pool as usize],
+                rounded,
+                segment,
+                decision: d,
+                memo_hit: false,
+            }),
+            Err(cause) => Err(NoDecision { role: Role::Placement, policy: fb.name().to_string(), cause }),
+        }
+    }
+
+    /// Decides reclamation; `pool_allocated` gives a pool's allocated bytes
+    /// by name (`None`: no such pool). Returns the decision and whether the
+    /// active policy made it. A failing fallback releases nothing.
     pub(crate) fn reclaim(
         &mut self,
         trigger: &ReclaimTrigger,
         ctx: &PolicyContext,
         pool_allocated: impl Fn(&str) -> Option<u64>,
     ) -> (ReclaimDecision, bool) {
-        let h = &mut self.health[1];
-        let result = if h.disabled {
-            Err(PolicyError::Disabled)
-        } else {
-            h.calls += 1;
-            self.reclamation.reclaim(trigger, ctx)
-        };
-        let checked = result.and_then(|d| {
-            if let Some(bad) = d.pools.iter().flatten().find(|p| pool_allocated(p).is_none()) {
-                return Err(PolicyError::InvalidDecision(format!("pool `{bad}` does not exist")));
-            }
-            if let Some((pool, budget)) = &d.compact {
-                match pool_allocated(pool) {
-                    None => {
-                        return Err(PolicyError::InvalidDecision(format!(
-                            "compaction of pool `{pool}`, which does not exist"
-                        )))
-                    }
-                    Some(a) if *budget > a => {
-                        return Err(PolicyError::InvalidDecision(format!(
-                            "compaction budget {budget} exceeds pool `{pool}`'s {a} allocated bytes"
-                        )))
-                    }
-                    Some(_) => {}
-                }
-            }
-            Ok(d)
-        });
-        match checked {
-            Ok(d) => {
-                h.consecutive_failures = 0;
-                (d, true)
-            }
+        let h = &mut self.health[Role::Reclamation.index()];
+        let max = self.max_consecutive_failures;
+        let got = consult(
+            &mut *self.active.reclamation,
+            |p| p.name(),
+            h,
+            Role::Reclamation,
+            max,
+            |p| {
+                let d = p.reclaim(trigger, ctx)?;
+                validate_reclaim(&d, &pool_allocated)?;
+                Ok(d)
+            },
+        );
+        if let Some(d) = got {
+            return (d, true);
+        }
+        let fb = &mut self.fallback.reclamation;
+        match fb.reclaim(trigger, ctx).and_then(|d| validate_reclaim(&d, &pool_allocated).map(|()| d)) {
+            Ok(d) => (d, false),
             Err(e) => {
-                if !matches!(e, PolicyError::Disabled) {
-                    h.record(Role::Reclamation, self.reclamation.name(), &e, self.max_consecutive_failures);
-                } else {
-                    h.fallbacks += 1;
-                }
-                let d = PytorchReclamation.reclaim(trigger, ctx).expect("the default reclamation never fails");
-                (d, false)
+                tracing::error!(policy = fb.name(), error = %e, "the fallback reclamation policy failed; nothing is released");
+                (ReclaimDecision::none(), false)
             }
         }
     }
 
     /// Picks eviction victims covering `need_bytes` among `candidates`: the
-    /// policy's answer, validated, completed by LRU when short.
+    /// active policy's answer, validated, completed by the fallback when
+    /// short; the fallback's alone when the active policy fails.
     pub fn choose_victims(
         &mut self,
         need_bytes: u64,
         candidates: &[EvictionCandidate],
         ctx: &PolicyContext,
     ) -> Vec<TensorId> {
-        let h = &mut self.health[2];
-        let result = if h.disabled {
-            Err(PolicyError::Disabled)
-        } else {
-            h.calls += 1;
-            self.eviction.choose_victims(need_bytes, candidates, ctx)
-        };
-        let checked = result.and_then(|v| {
-            let got = validate_victims(candidates, &v)?;
-            Ok((v, got))
-        });
-        match checked {
-            Ok((mut v, got)) => {
-                h.consecutive_failures = 0;
-                if got < need_bytes {
-                    let more = LruEviction::pick(need_bytes - got, candidates, &v);
-                    v.extend(more);
-                }
-                v
-            }
-            Err(e) => {
-                if !matches!(e, PolicyError::Disabled) {
-                    h.record(Role::Eviction, self.eviction.name(), &e, self.max_consecutive_failures);
-                } else {
-                    h.fallbacks += 1;
-                }
-                LruEviction::pick(need_bytes, candidates, &[])
+        let h = &mut self.health[Role::Eviction.index()];
+        let max = self.max_consecutive_failures;
+        let got = consult(
+            &mut *self.active.eviction,
+            |p| p.name(),
+            h,
+            Role::Eviction,
+            max,
+            |p| {
+                let v = p.choose_victims(need_bytes, candidates, ctx)?;
+                let covered = validate_victims(candidates, &v)?;
+                Ok((v, covered))
+            },
+        );
+        let (mut victims, covered) = got.unwrap_or_default();
+        if covered < need_bytes {
+            let rest: Vec<EvictionCandidate>;
+            let offered = if victims.is_empty() {
+                candidates
+            } else {
+                rest = candidates.iter().filter(|c| !victims.contains(&c.id)).copied().collect();
+                &rest
+            };
+            let fb = &mut self.fallback.eviction;
+            match fb.choose_victims(need_bytes - covered, offered, ctx) {
+                Ok(more) if validate_victims(offered, &more).is_ok() => victims.extend(more),
+                Ok(_) => tracing::error!(policy = fb.name(), "the fallback eviction policy chose invalid victims"),
+                Err(e) => tracing::error!(policy = fb.name(), error = %e, "the fallback eviction policy failed"),
             }
         }
+        victims
+    }
+
+    /// Orders off-device tensors for prefetch (see
+    /// [`EvictionPolicy::prefetch_order`]): the active policy's order, or
+    /// `None` for the engine's own.
+    pub(crate) fn prefetch_order(
+        &mut self,
+        offloaded: &[EvictionCandidate],
+        ctx: &PolicyContext,
+    ) -> Option<Vec<TensorId>> {
+        if self.health[Role::Eviction.index()].disabled {
+            return None;
+        }
+        self.active.eviction.prefetch_order(offloaded, ctx)
+    }
+
+    /// Whether the eviction policy in charge reads the workload's future.
+    pub(crate) fn eviction_needs_future(&self) -> bool {
+        self.active.eviction.needs_future()
     }
 
     /// Totals over the roles: (calls, traps, fallbacks).

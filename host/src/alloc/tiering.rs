@@ -67,7 +67,7 @@ impl<D: Device> Allocator<D> {
 
     /// Whether the eviction policy reads the future (an offline bound).
     pub fn eviction_needs_future(&self) -> bool {
-        self.policies.eviction.needs_future()
+        self.policies.eviction_needs_future()
     }
 
     /// Brings a tensor back to the device if it is not there (a stall).
@@ -473,7 +473,7 @@ impl<D: Device> Allocator<D> {
         cands.sort_unstable_by_key(|(at, c)| (std::cmp::Reverse(*at), c.id));
         let cands: Vec<EvictionCandidate> = cands.into_iter().map(|(_, c)| c).collect();
         let ctx = self.context();
-        let order = match self.policies.eviction.prefetch_order(&cands, &ctx) {
+        let order = match self.policies.prefetch_order(&cands, &ctx) {
             Some(v) if validate_victims(&cands, &v).is_ok() => v,
             _ => cands.iter().map(|c| c.id).collect(),
         };

@@ -34,17 +34,7 @@ pub use lru::LruEviction;
 pub use naive::NaivePlacement;
 pub use pytorch::{PytorchPlacement, PytorchReclamation};
 
-use crate::decision::{EvictionPolicy, PlacementPolicy, ReclamationPolicy};
-
-/// One policy per decision role.
-pub struct Policies {
-    /// Placement role.
-    pub placement: Box<dyn PlacementPolicy>,
-    /// Reclamation role.
-    pub reclamation: Box<dyn ReclamationPolicy>,
-    /// Eviction role.
-    pub eviction: Box<dyn EvictionPolicy>,
-}
+use crate::decision::{EvictionPolicy, PlacementPolicy, Policies, ReclamationPolicy};
 
 /// Names of the built-in policy sets.
 pub const BUILTIN_NAMES: [&str; 4] = ["naive", "pytorch", "lifecycle", "defrag"];

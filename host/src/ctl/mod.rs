@@ -10,19 +10,17 @@
 //! One file per job: [`protocol`] (the line-delimited JSON messages and
 //! their limits), [`server`] (the socket, its permissions, peer check,
 //! timeouts and the serving thread), [`status`] (what `status` reports and
-//! its text form), [`client`], and `ranks` ([`RankControl`], which needs
-//! the WebAssembly runtime to load policies).
+//! its text form), [`client`], and `ranks` ([`RankControl`]: the ranks'
+//! allocators and the spec loader a swap resolves policies with).
 
 pub mod client;
 pub mod protocol;
-#[cfg(feature = "wasm")]
 mod ranks;
 pub mod server;
 pub mod status;
 
 pub use client::{choose_socket, request, request_raw, ClientError};
 pub use protocol::{ProtocolError, Reply, Request, RoleArg, MAX_REQUEST_BYTES};
-#[cfg(feature = "wasm")]
 pub use ranks::{RankControl, StatusHook};
 pub use server::{
     current_uid, default_socket_dir, default_socket_path, Control, CtlServer, ServerError, ServerOptions, SwapOutcome,

@@ -1,28 +1,26 @@
 //! [`RankControl`]: the [`Control`] of a run whose ranks each allocate
 //! through a [`SharedAllocator`].
 //!
-//! A swap resolves the spec once per rank (each rank gets its own
-//! WebAssembly instances: policies keep per-rank state) *before* touching
-//! any rank, so a spec that does not load changes nothing. Then, rank by
-//! rank: built-in roles are set in one locked call
-//! ([`crate::alloc::Allocator::set_placement`] …); WebAssembly roles go
-//! through [`SharedAllocator::swap`], one call per instance, carrying state
-//! when the old policy is the same WebAssembly policy. Each of those calls
-//! takes the allocator lock once, so the swap takes effect at the next
-//! decision of that rank. Departure: a swap is atomic per rank and per
-//! instance, not across ranks or across the parts of a mixed spec (`a+b`
-//! where one part is built-in); a failing state transfer on rank k leaves
-//! ranks < k swapped and is reported with the rank.
+//! A swap resolves the spec once per rank (each rank gets its own policy
+//! instances: policies keep per-rank state) *before* touching any rank, so a
+//! spec that does not load, or does not provide the role asked for, changes
+//! nothing. Then each rank is swapped with [`SharedAllocator::swap`] (the one
+//! swap of [`crate::alloc::swap`]), which replaces all its roles between two
+//! of its decisions and carries state when the old policy is the same
+//! policy. Departure: a swap is atomic per rank, not across ranks; a failing
+//! state transfer on rank k leaves ranks < k swapped and is reported with the
+//! rank.
 
 use std::sync::Arc;
 
 use super::protocol::RoleArg;
 use super::server::{Control, SwapOutcome};
 use super::status::{rank_status, shadow_summary, Status};
-use crate::decision::{EvictionPolicy, PlacementPolicy, ReclamationPolicy, Role};
+use crate::alloc::swap::{target_roles, SwapOptions};
+use crate::alloc::SharedAllocator;
 use crate::device::Device;
-use crate::policy::{resolve_with, Runtime, SharedAllocator, SwapOptions, WasmPolicy};
 use crate::shadow::ShadowHandle;
+use crate::spec::{resolve, Loader};
 
 /// A hook that adds what only the driver knows (the current step…) to a status.
 pub type StatusHook = Box<dyn Fn(&mut Status) + Send + Sync>;
@@ -30,15 +28,15 @@ pub type StatusHook = Box<dyn Fn(&mut Status) + Send + Sync>;
 /// The ranks of a run, with what a swap needs to load policies.
 pub struct RankControl<D: Device> {
     ranks: Vec<SharedAllocator<D>>,
-    runtime: Runtime,
+    loader: Loader,
     shadows: Vec<(usize, ShadowHandle)>,
     hook: Option<StatusHook>,
 }
 
 impl<D: Device> RankControl<D> {
-    /// Controls `ranks` (rank `i` is `ranks[i]`), loading policies with `runtime`.
-    pub fn new(ranks: Vec<SharedAllocator<D>>, runtime: Runtime) -> Self {
-        RankControl { ranks, runtime, shadows: Vec::new(), hook: None }
+    /// Controls `ranks` (rank `i` is `ranks[i]`), resolving specs with `loader`.
+    pub fn new(ranks: Vec<SharedAllocator<D>>, loader: Loader) -> Self {
+        RankControl { ranks, loader, shadows: Vec::new(), hook: None }
     }
 
     /// Reports `shadow`, fed by rank `rank`, in the status.
@@ -62,73 +60,26 @@ impl<D: Device> RankControl<D> {
     }
 }
 
-/// The roles `spec` would replace under `role`, from its resolution's sources.
-fn target_roles(role: RoleArg, spec: &str, sources: &[Option<String>; 3]) -> Result<Vec<Role>, String> {
-    let provided: Vec<Role> = role.roles().into_iter().filter(|r| sources[*r as usize].is_some()).collect();
-    match role {
-        RoleArg::All if provided.is_empty() => Err(format!("policy `{spec}` provides no role")),
-        RoleArg::All => Ok(provided),
-        _ if provided.is_empty() => Err(format!("policy `{spec}` does not provide the {} role", role.roles()[0])),
-        _ => Ok(provided),
-    }
-}
-
 impl<D: Device> Control for RankControl<D> {
     fn swap(&self, role: RoleArg, spec: &str) -> Result<SwapOutcome, String> {
         if self.ranks.is_empty() {
             return Err("no rank to swap".into());
         }
+        let opts = SwapOptions { roles: (role != RoleArg::All).then(|| role.roles()), ..SwapOptions::default() };
         let mut resolved = Vec::with_capacity(self.ranks.len());
         for _ in &self.ranks {
-            resolved.push(resolve_with(&self.runtime, spec).map_err(|e| format!("cannot load policy `{spec}`: {e}"))?);
+            let r = resolve(spec, &*self.loader).map_err(|e| format!("cannot load policy `{spec}`: {e}"))?;
+            target_roles(&r, &opts).map_err(|e| e.to_string())?;
+            resolved.push(r);
         }
-        let roles = target_roles(role, spec, &resolved[0].sources)?;
-        let mut out = SwapOutcome {
-            roles: roles.iter().map(Role::to_string).collect(),
-            policy: spec.to_string(),
-            ranks: self.ranks.len(),
-            ..SwapOutcome::default()
-        };
+        let mut out = SwapOutcome { policy: spec.to_string(), ranks: self.ranks.len(), ..SwapOutcome::default() };
         for (rank, (shared, res)) in self.ranks.iter().zip(resolved).enumerate() {
-            let old = shared.with(|a| a.policies().names());
-            let crate::builtin::Policies { placement, reclamation, eviction } = res.policies;
-            let mut placement: Option<Box<dyn PlacementPolicy>> = Some(placement);
-            let mut reclamation: Option<Box<dyn ReclamationPolicy>> = Some(reclamation);
-            let mut eviction: Option<Box<dyn EvictionPolicy>> = Some(eviction);
-            // WebAssembly roles, grouped by instance; the rest are native.
-            let mut groups: Vec<(WasmPolicy, Vec<Role>)> = Vec::new();
-            let mut native: Vec<Role> = Vec::new();
-            for &r in &roles {
-                match &res.wasm[r as usize] {
-                    Some(w) => match groups.iter_mut().find(|(g, _)| Arc::ptr_eq(&g.instance, &w.instance)) {
-                        Some((_, rs)) => rs.push(r),
-                        None => groups.push((w.clone(), vec![r])),
-                    },
-                    None => native.push(r),
-                }
-            }
-            if !native.is_empty() {
-                shared.with(|a| {
-                    for r in &native {
-                        match r {
-                            Role::Placement => a.set_placement(placement.take().expect("taken once")),
-                            Role::Reclamation => a.set_reclamation(reclamation.take().expect("taken once")),
-                            Role::Eviction => a.set_eviction(eviction.take().expect("taken once")),
-                        }
-                    }
-                });
-            }
-            for (w, rs) in groups {
-                let opts = SwapOptions { roles: Some(rs), ..SwapOptions::default() };
-                let rep = shared.swap(&w, &opts).map_err(|e| format!("rank {rank}: {e}"))?;
-                if rank == 0 && rep.state_bytes.is_some() {
-                    out.state_bytes = Some(out.state_bytes.unwrap_or(0) + rep.state_bytes.unwrap_or(0));
-                }
-            }
+            let (rep, _) = shared.swap(res, &opts).map_err(|e| format!("rank {rank}: {e}"))?;
             if rank == 0 {
-                let now = shared.with(|a| a.policies().names());
-                out.old = roles.iter().map(|r| old[*r as usize].clone()).collect();
-                out.new = roles.iter().map(|r| now[*r as usize].clone()).collect();
+                out.roles = rep.roles.iter().map(ToString::to_string).collect();
+                out.old = rep.old;
+                out.new = rep.new;
+                out.state_bytes = rep.state_bytes;
             }
         }
         tracing::info!(policy = spec, roles = ?out.roles, old = ?out.old, ranks = out.ranks, "policy swapped through the control socket");

@@ -9,12 +9,62 @@
 //! boundary with ids `slot << 32 | generation`; whatever ids come back are
 //! mapped to handles and checked by the engine against the offered list.
 
+use std::sync::Arc;
+
 use super::instance::{CallKind, WasmPolicy};
 use crate::decision::{
-    AllocRequest, EvictionCandidate, EvictionPolicy, PlacementDecision, PlacementPolicy, PolicyContext, PolicyError,
-    PoolSpec, ReclaimDecision, ReclaimTrigger, ReclamationPolicy, Role,
+    AllocRequest, EvictionCandidate, EvictionPolicy, PlacementDecision, PlacementPolicy, Policies, PolicyContext,
+    PolicyError, PoolSpec, ReclaimDecision, ReclaimTrigger, ReclamationPolicy, Role, StateHandle,
 };
+use crate::spec::{Part, Resolved};
 use crate::types::TensorId;
+
+impl WasmPolicy {
+    /// The placement role, if exported.
+    pub fn placement(&self) -> Option<WasmPlacement> {
+        self.exports(Role::Placement).then(|| WasmPlacement::new(self.clone()))
+    }
+
+    /// The reclamation role, if exported.
+    pub fn reclamation(&self) -> Option<WasmReclamation> {
+        self.exports(Role::Reclamation).then(|| WasmReclamation::new(self.clone()))
+    }
+
+    /// The eviction role, if exported.
+    pub fn eviction(&self) -> Option<WasmEviction> {
+        self.exports(Role::Eviction).then(|| WasmEviction::new(self.clone()))
+    }
+
+    /// The roles this instance exports, as a part of a policy spec.
+    pub fn part(&self) -> Part {
+        Part {
+            label: self.name().to_string(),
+            placement: self.placement().map(|p| Box::new(p) as Box<dyn PlacementPolicy>),
+            reclamation: self.reclamation().map(|p| Box::new(p) as Box<dyn ReclamationPolicy>),
+            eviction: self.eviction().map(|p| Box::new(p) as Box<dyn EvictionPolicy>),
+        }
+    }
+
+    /// This instance alone as a resolved spec: the roles it exports, the
+    /// built-in defaults for the others (e.g. to swap it in).
+    pub fn resolved(&self) -> Resolved {
+        let part = self.part();
+        let source = |has: bool| has.then(|| part.label.clone());
+        let sources =
+            [source(part.placement.is_some()), source(part.reclamation.is_some()), source(part.eviction.is_some())];
+        let defaults = crate::builtin::default_policies();
+        let policies = Policies {
+            placement: part.placement.unwrap_or(defaults.placement),
+            reclamation: part.reclamation.unwrap_or(defaults.reclamation),
+            eviction: part.eviction.unwrap_or(defaults.eviction),
+        };
+        Resolved { spec: part.label, policies, sources }
+    }
+
+    fn state_handle(&self) -> StateHandle {
+        Arc::new(self.clone())
+    }
+}
 
 fn missing(policy: &WasmPolicy, role: Role) -> PolicyError {
     PolicyError::Trap(format!("policy `{}` does not export the {role} role", policy.name()))
@@ -51,6 +101,10 @@ impl PlacementPolicy for WasmPlacement {
     /// instance keeps them: the engine's pool map does not change under it).
     fn pools(&self) -> Vec<PoolSpec> {
         self.pools.clone()
+    }
+
+    fn state(&self) -> Option<StateHandle> {
+        Some(self.policy.state_handle())
     }
 
     fn place(&mut self, req: &AllocRequest, ctx: &PolicyContext) -> Result<PlacementDecision, PolicyError> {
@@ -98,6 +152,10 @@ impl ReclamationPolicy for WasmReclamation {
     fn paged_segments(&self) -> bool {
         self.policy.paged_segments()
     }
+
+    fn state(&self) -> Option<StateHandle> {
+        Some(self.policy.state_handle())
+    }
 }
 
 /// The eviction role of a WebAssembly policy.
@@ -133,5 +191,9 @@ impl EvictionPolicy for WasmEviction {
             .lock()
             .call(CallKind::Decision, ctx, |g, s| g.choose_victims(s, need_bytes, candidates, ctx))?;
         ids.ok_or_else(|| missing(&self.policy, Role::Eviction))
+    }
+
+    fn state(&self) -> Option<StateHandle> {
+        Some(self.policy.state_handle())
     }
 }

@@ -3,8 +3,6 @@
 
 use std::path::PathBuf;
 
-use crate::decision::PolicyError;
-
 /// Why a policy could not be loaded or instantiated.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LoadError {
@@ -103,57 +101,10 @@ pub enum LoadError {
         /// The cause (a trap, a limit, or the policy's own error text).
         cause: String,
     },
-    /// A policy spec names nothing that exists.
-    #[error(
-        "unknown policy `{spec}`: not a built-in ({builtins}), and no file at {} \
-         (the shipped policies are {shipped}; build them with policies/build.sh)",
-        tried.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
-    )]
-    UnknownSpec {
-        /// The spec.
-        spec: String,
-        /// The built-in names.
-        builtins: String,
-        /// The shipped policy names.
-        shipped: String,
-        /// The paths looked at.
-        tried: Vec<PathBuf>,
-    },
 }
 
 impl LoadError {
     pub(crate) fn lifecycle(policy: &str, call: &'static str, cause: impl std::fmt::Display) -> Self {
         LoadError::Lifecycle { policy: policy.to_string(), call, cause: cause.to_string() }
     }
-}
-
-/// Why a hot swap was refused; the old policy stays in charge.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SwapError {
-    /// The new policy exports none of the requested roles.
-    #[error("cannot swap in policy `{policy}`: it does not export the {role} role")]
-    MissingRole {
-        /// The new policy.
-        policy: String,
-        /// The role.
-        role: crate::decision::Role,
-    },
-    /// `save-state` of the old policy failed.
-    #[error("swap aborted, `{old}` stays: save-state of `{old}` failed: {cause}")]
-    SaveState {
-        /// The old policy.
-        old: String,
-        /// The cause.
-        cause: PolicyError,
-    },
-    /// `load-state` of the new policy failed.
-    #[error("swap aborted, `{old}` stays: load-state of `{new}` failed: {cause}")]
-    LoadState {
-        /// The old policy.
-        old: String,
-        /// The new policy.
-        new: String,
-        /// The cause (a trap, or the policy's own error text).
-        cause: String,
-    },
 }

@@ -15,14 +15,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use wasmtime::Store;
 
-use super::adapters::{WasmEviction, WasmPlacement, WasmReclamation};
 use super::bindings::WitVersion;
 use super::error::LoadError;
 use super::guests::Guests;
 use super::host::HostState;
 use super::loader::Loaded;
 use super::sandbox::{classify, describe};
-use crate::decision::{PolicyContext, PolicyError, PoolSpec, Role};
+use crate::decision::{PolicyContext, PolicyError, PolicyState, PoolSpec, Role};
 
 /// Which limits to arm a call with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,6 +161,13 @@ impl std::fmt::Debug for WasmPolicy {
     }
 }
 
+impl Loaded {
+    /// A new instance configured with `config` (`lifecycle.init`).
+    pub fn instantiate(&self, config: &str) -> Result<WasmPolicy, LoadError> {
+        WasmPolicy::new(self.clone(), config)
+    }
+}
+
 impl WasmPolicy {
     pub(crate) fn new(loaded: Loaded, config: &str) -> Result<WasmPolicy, LoadError> {
         let label = loaded.label().to_string();
@@ -249,21 +255,6 @@ impl WasmPolicy {
         &self.meta.pools
     }
 
-    /// The placement role, if exported.
-    pub fn placement(&self) -> Option<WasmPlacement> {
-        self.exports(Role::Placement).then(|| WasmPlacement::new(self.clone()))
-    }
-
-    /// The reclamation role, if exported.
-    pub fn reclamation(&self) -> Option<WasmReclamation> {
-        self.exports(Role::Reclamation).then(|| WasmReclamation::new(self.clone()))
-    }
-
-    /// The eviction role, if exported.
-    pub fn eviction(&self) -> Option<WasmEviction> {
-        self.exports(Role::Eviction).then(|| WasmEviction::new(self.clone()))
-    }
-
     /// `lifecycle.save-state`.
     pub fn save_state(&self) -> Result<Vec<u8>, PolicyError> {
         self.lock().call(CallKind::Lifecycle, &PolicyContext::default(), |g, s| g.save_state(s))
@@ -291,5 +282,25 @@ impl WasmPolicy {
     /// Bytes of linear memory the instance uses now.
     pub fn memory_bytes(&self) -> usize {
         self.lock().memory_bytes()
+    }
+}
+
+/// The learned state of a component (`lifecycle.save-state`/`load-state`),
+/// shared by the roles of the instance.
+impl PolicyState for WasmPolicy {
+    fn state_name(&self) -> String {
+        self.name().to_string()
+    }
+
+    fn instance(&self) -> usize {
+        Arc::as_ptr(&self.instance) as *const () as usize
+    }
+
+    fn save_state(&self) -> Result<Vec<u8>, PolicyError> {
+        WasmPolicy::save_state(self)
+    }
+
+    fn load_state(&self, state: &[u8]) -> Result<(), String> {
+        WasmPolicy::load_state(self, state)
     }
 }

@@ -13,7 +13,6 @@ use super::cache::LoadSource;
 use super::error::LoadError;
 use super::guests::Indices;
 use super::host::HostState;
-use super::instance::WasmPolicy;
 use super::Runtime;
 use crate::decision::Role;
 
@@ -87,11 +86,6 @@ impl Loaded {
     /// Time the load took (read + compile or deserialize + link).
     pub fn load_time(&self) -> Duration {
         self.inner.load_time
-    }
-
-    /// A new instance configured with `config` (`lifecycle.init`).
-    pub fn instantiate(&self, config: &str) -> Result<WasmPolicy, LoadError> {
-        WasmPolicy::new(self.clone(), config)
     }
 }
 

@@ -10,10 +10,9 @@
 //!     ├─ WasmPlacement   : PlacementPolicy   (memoizable)
 //!     ├─ WasmReclamation : ReclamationPolicy
 //!     └─ WasmEviction    : EvictionPolicy
-//!  SharedAllocator (Arc<Mutex<Allocator>>): alloc/free from many threads,
-//!     swap() a role's policy between two decisions, carrying state
+//!  WasmPolicy : PolicyState (save-state / load-state, carried by alloc::swap)
 //!  check(path) → Verdict: exports, version, fuzzed conformance suite
-//!  resolve("pytorch-like+lru-evict") → Policies
+//!  Runtime : spec::PartLoader — resolve("pytorch-like+lru-evict") → Resolved
 //! ```
 //!
 //! One file per job: [`config`] (runtime, limits), `ticker` (epoch thread),
@@ -22,8 +21,9 @@
 //! 0.2.0 from `wit/`), `guests` (the exports of either version behind one
 //! set of native calls), `loader` (exports, version, `InstancePre`), `instance` (store, calls,
 //! re-instantiation), `sandbox` (memory cap, WASI, failure classification),
-//! `host` (imports), [`adapters`] (the traits), [`swap`], [`check`],
-//! [`resolve`](mod@resolve).
+//! `host` (imports), [`adapters`] (the traits), [`check`],
+//! [`resolve`](mod@resolve). Module order (no cycle): `adapters` → `instance`
+//! → `loader` → `config`.
 //!
 //! Failures are classified by type into [`PolicyError`](crate::decision::PolicyError):
 //! `Trap::Interrupt` → `Deadline`, `Trap::OutOfFuel` → `OutOfFuel`, the
@@ -44,7 +44,6 @@ mod instance;
 mod loader;
 pub mod resolve;
 mod sandbox;
-pub mod swap;
 mod ticker;
 
 pub use adapters::{WasmEviction, WasmPlacement, WasmReclamation};
@@ -52,9 +51,8 @@ pub use bindings::{tensor_from_wit, tensor_to_wit, WitVersion, WIT_VERSION};
 pub use cache::LoadSource;
 pub use check::{check, Verdict};
 pub use config::{CacheDir, Limits, Runtime, RuntimeConfig};
-pub use error::{LoadError, SwapError};
+pub use error::LoadError;
 pub use instance::WasmPolicy;
 pub use loader::Loaded;
-pub use resolve::{resolve, resolve_with, shipped_candidates, Resolved};
+pub use resolve::{resolve, resolve_with, shipped_candidates, GlobalRuntime, SHIPPED_NAMES};
 pub use sandbox::MemoryLimitExceeded;
-pub use swap::{CarryState, SharedAllocator, SwapOptions, SwapReport};

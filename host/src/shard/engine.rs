@@ -16,8 +16,8 @@ use rustc_hash::FxHashMap;
 
 use super::plan::{Buf, EventNumbering, Op};
 use crate::alloc::AllocError;
+use crate::alloc::SharedAllocator;
 use crate::device::Device;
-use crate::policy::SharedAllocator;
 use crate::trace::Event;
 use crate::types::{StreamId, TensorId};
 

@@ -4,12 +4,11 @@
 //! - [`plan`]: which buffers exist per layer group, their kinds and sizes per
 //!   stage, rank count and offload, and when each is allocated, used and
 //!   freed; the formulas of the ZeRO paper and the layer-buffer slack.
-//! - `engine` (with the `wasm` feature): a rank's buffers over its
-//!   [`SharedAllocator`](crate::policy::SharedAllocator), the event tap, and
+//! - [`engine`]: a rank's buffers over its
+//!   [`SharedAllocator`](crate::alloc::SharedAllocator), the event tap, and
 //!   typed reads and writes of buffer contents.
 //! - [`offload`]: host-resident optimizer states (ZeRO-Offload).
 
-#[cfg(feature = "wasm")]
 pub mod engine;
 pub mod offload;
 pub mod plan;

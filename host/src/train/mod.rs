@@ -24,10 +24,10 @@ pub mod run;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::alloc::SharedAllocator;
 use crate::comm::local::local_group;
 use crate::comm::{CommError, Communicator};
 use crate::device::Device;
-use crate::policy::SharedAllocator;
 use crate::shard::engine::{EventTap, MemError, RankMemory};
 use crate::shard::offload::HostStates;
 use crate::shard::plan::{Act, Buf, Exec, Op, Plan, ZeroConfig};

@@ -10,14 +10,14 @@ use std::sync::{Arc, Mutex};
 use anyhow::{bail, Context, Result};
 
 use super::{dry_run, ReportHook, StepHook, StepReport, TrainConfig, Trainer};
-use crate::alloc::Allocator;
+use crate::alloc::swap::SwapOptions;
+use crate::alloc::{Allocator, SharedAllocator};
 use crate::ctl::{CtlServer, RankControl, ServerOptions};
-use crate::decision::Role;
 use crate::device::sim::{SimConfig, SimDevice};
 use crate::device::{Device, DeviceError};
-use crate::policy::{resolve_with, Resolved, Runtime, SharedAllocator, SwapOptions};
 use crate::shadow::{allocator_metrics, side_by_side, Shadow, ShadowHandle};
 use crate::shard::{rank_path, Plan};
+use crate::spec::{resolve, Loader};
 use crate::trace::{FileTraceWriter, TraceError, TraceHeader};
 use crate::types::human_bytes;
 
@@ -43,31 +43,12 @@ pub struct TrainOptions {
     pub device_capacity: u64,
 }
 
-/// Replaces the roles of `alloc` by those of `spec`: WebAssembly roles
-/// through [`SharedAllocator::swap`] (between two decisions, carrying the
-/// state of a policy of the same name), built-in roles directly.
-pub fn swap_policy<D: Device>(alloc: &SharedAllocator<D>, runtime: &Runtime, spec: &str) -> Result<(), String> {
-    let Resolved { policies, wasm, .. } = resolve_with(runtime, spec).map_err(|e| format!("policy `{spec}`: {e}"))?;
-    let roles = [Role::Placement, Role::Reclamation, Role::Eviction];
-    for (role, w) in roles.iter().zip(&wasm) {
-        if let Some(w) = w {
-            let opts = SwapOptions { roles: Some(vec![*role]), ..SwapOptions::default() };
-            alloc.swap(w, &opts).map_err(|e| format!("swap to `{spec}`: {e}"))?;
-        }
-    }
-    let native: Vec<bool> = wasm.iter().map(Option::is_none).collect();
-    alloc.with(|a| {
-        let p = policies;
-        if native[0] {
-            a.set_placement(p.placement);
-        }
-        if native[1] {
-            a.set_reclamation(p.reclamation);
-        }
-        if native[2] {
-            a.set_eviction(p.eviction);
-        }
-    });
+/// Swaps the roles `spec` provides into `alloc` (the one swap of
+/// [`crate::alloc::swap`]: between two decisions, carrying the state of a
+/// policy of the same name).
+pub fn swap_policy<D: Device>(alloc: &SharedAllocator<D>, loader: &Loader, spec: &str) -> Result<(), String> {
+    let resolved = resolve(spec, &**loader).map_err(|e| format!("policy `{spec}`: {e}"))?;
+    alloc.swap(resolved, &SwapOptions::default()).map_err(|e| format!("swap to `{spec}`: {e}"))?;
     Ok(())
 }
 
@@ -167,7 +148,7 @@ fn saved(from: u64, to: u64) -> f64 {
 /// to standard output.
 pub fn train_command<D: Device + 'static>(
     opts: &TrainOptions,
-    runtime: &'static Runtime,
+    loader: Loader,
     device: impl Fn(usize) -> Result<D, DeviceError>,
 ) -> Result<()> {
     let mut stdout = std::io::stdout();
@@ -183,11 +164,11 @@ pub fn train_command<D: Device + 'static>(
     for r in 0..ranks {
         let dev = device(r).map_err(|e| anyhow::anyhow!("rank {r}: device: {e}"))?;
         let resolved =
-            resolve_with(runtime, &opts.policy).with_context(|| format!("cannot load policy `{}`", opts.policy))?;
-        allocators.push(SharedAllocator::from_resolved(dev, resolved));
+            resolve(&opts.policy, &*loader).with_context(|| format!("cannot load policy `{}`", opts.policy))?;
+        allocators.push(SharedAllocator::new(Allocator::new(dev, resolved.policies)));
     }
     if let Some((_, to)) = &opts.swap_at {
-        resolve_with(runtime, to).with_context(|| format!("cannot load policy `{to}` (--swap-at)"))?;
+        resolve(to, &*loader).with_context(|| format!("cannot load policy `{to}` (--swap-at)"))?;
     }
     let mut trainer = Trainer::new(cfg.clone(), allocators).map_err(|e| anyhow::anyhow!(e))?;
     let plan = trainer.plan().clone();
@@ -207,7 +188,7 @@ pub fn train_command<D: Device + 'static>(
     let shadows: Vec<ShadowHandle> = match &opts.shadow {
         Some(q) => (0..ranks)
             .map(|_| {
-                let p = resolve_with(runtime, q).with_context(|| format!("cannot load policy `{q}` (--shadow)"))?;
+                let p = resolve(q, &*loader).with_context(|| format!("cannot load policy `{q}` (--shadow)"))?;
                 let dev = SimConfig { capacity: opts.device_capacity, ..SimConfig::default() };
                 Ok(ShadowHandle::new(Shadow::new(q, p.policies, dev)))
             })
@@ -231,7 +212,7 @@ pub fn train_command<D: Device + 'static>(
     let current_step = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let _server = match &opts.ctl {
         Some(path) => {
-            let mut control = RankControl::new(trainer.allocators(), runtime.clone());
+            let mut control = RankControl::new(trainer.allocators(), loader.clone());
             for (r, h) in shadows.iter().enumerate() {
                 control = control.with_shadow(r, h.clone());
             }
@@ -247,9 +228,10 @@ pub fn train_command<D: Device + 'static>(
         None => None,
     };
     if let Some((at, to)) = opts.swap_at.clone() {
+        let loader = loader.clone();
         let hook: StepHook<D> = Arc::new(move |_rank, step, alloc| {
             if step == at {
-                swap_policy(alloc, runtime, &to)?;
+                swap_policy(alloc, &loader, &to)?;
                 // Peaks from here on belong to the new policy.
                 alloc.with(|a| a.reset_peaks());
             }
@@ -299,7 +281,7 @@ pub fn train_command<D: Device + 'static>(
     zero0.offload = false;
     let plan0 = Plan::new(&cfg.spec, zero0).map_err(|e| anyhow::anyhow!(e))?;
     let reference = |policy: &str| -> Result<super::RankStep> {
-        let resolved = resolve_with(runtime, policy)?;
+        let resolved = resolve(policy, &*loader)?;
         let alloc = SharedAllocator::new(Allocator::new(SimDevice::new(SimConfig::default()), resolved.policies));
         dry_run(&plan0, cfg.steps.min(2), alloc).map_err(|e| anyhow::anyhow!(e))
     };

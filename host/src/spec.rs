@@ -1,0 +1,229 @@
+//! Policy specs: what a user types to choose policies, resolved into one
+//! policy per role.
+//!
+//! ```text
+//! spec   := part ('+' part)*
+//! part   := builtin | other                 (optionally `part?config`: the text after `?` goes to `init`)
+//! builtin: a name of `builtin::BUILTIN_NAMES` (naive, pytorch, lifecycle, defrag: every role),
+//!          or of `builtin::EVICTION_NAMES` (lru, dtr, belady: the eviction role only)
+//! other  : anything else, handed to a [`PartLoader`] (the WebAssembly runtime
+//!          loads shipped policy names and `.wasm` paths)
+//! ```
+//!
+//! Each role is taken from the most specific part that provides it: the one
+//! that provides the fewest roles, the earlier one on a tie (a built-in set
+//! provides all three). So `pytorch-like+defrag-reclaim` takes reclamation
+//! from `defrag-reclaim` (reclamation only) and placement from
+//! `pytorch-like`, and `a+b` of two parts with the same roles takes every
+//! role from `a`. Roles no part provides are filled by the built-in `pytorch`
+//! defaults and have no source ([`Resolved::sources`]).
+//!
+//! This module knows nothing of WebAssembly: [`Builtins`] resolves built-in
+//! names only; the policy runtime implements [`PartLoader`] for the rest.
+
+use std::sync::Arc;
+
+use crate::builtin::{self, LruEviction, PytorchPlacement, PytorchReclamation};
+use crate::decision::{EvictionPolicy, PlacementPolicy, Policies, ReclamationPolicy, Role};
+
+/// Why a spec does not resolve.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    /// The spec names no part at all (empty, or only `+`).
+    #[error("empty policy spec `{0}`")]
+    Empty(String),
+    /// A part is not a built-in, and this loader loads nothing else.
+    #[error(
+        "unknown policy `{part}`: not a built-in ({builtins}), and this build of wasmem has no WebAssembly \
+         policy runtime (the `wasm` feature)"
+    )]
+    NotBuiltin {
+        /// The part.
+        part: String,
+        /// The built-in names.
+        builtins: String,
+    },
+    /// A part names nothing that exists.
+    #[error(
+        "unknown policy `{part}`: not a built-in ({builtins}), and no file at {} \
+         (the shipped policies are {shipped}; build them with policies/build.sh)",
+        tried.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+    )]
+    Unknown {
+        /// The part.
+        part: String,
+        /// The built-in names.
+        builtins: String,
+        /// The shipped policy names.
+        shipped: String,
+        /// The paths looked at.
+        tried: Vec<std::path::PathBuf>,
+    },
+    /// The loader found the part but could not load it.
+    #[error("{cause}")]
+    Load {
+        /// The part.
+        part: String,
+        /// Why (the loader's own error, which names the policy).
+        #[source]
+        cause: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// The built-in names, for messages.
+pub fn builtin_names() -> String {
+    builtin::BUILTIN_NAMES.iter().chain(&builtin::EVICTION_NAMES).copied().collect::<Vec<_>>().join(", ")
+}
+
+/// The roles a loaded part provides (at least one).
+pub struct Part {
+    /// Name for reports (a component's `lifecycle.name`).
+    pub label: String,
+    /// Its placement role, if it has one.
+    pub placement: Option<Box<dyn PlacementPolicy>>,
+    /// Its reclamation role, if it has one.
+    pub reclamation: Option<Box<dyn ReclamationPolicy>>,
+    /// Its eviction role, if it has one.
+    pub eviction: Option<Box<dyn EvictionPolicy>>,
+}
+
+impl Part {
+    fn roles(&self) -> usize {
+        self.placement.is_some() as usize + self.reclamation.is_some() as usize + self.eviction.is_some() as usize
+    }
+}
+
+/// Loads the parts of a spec that are not built-in names.
+pub trait PartLoader: Send + Sync {
+    /// Loads `what` (a shipped policy name or a path) and configures it with
+    /// `config` (the text after `?`, empty when none).
+    fn load_part(&self, what: &str, config: &str) -> Result<Part, SpecError>;
+}
+
+/// A loader that knows only the built-in policies.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Builtins;
+
+impl PartLoader for Builtins {
+    fn load_part(&self, what: &str, _config: &str) -> Result<Part, SpecError> {
+        Err(SpecError::NotBuiltin { part: what.to_string(), builtins: builtin_names() })
+    }
+}
+
+/// A shared loader, for what resolves specs later (a swap, a control socket).
+pub type Loader = Arc<dyn PartLoader>;
+
+/// What a spec resolved to.
+pub struct Resolved {
+    /// The spec as given (trimmed).
+    pub spec: String,
+    /// One policy per role, ready for [`crate::alloc::Allocator::new`].
+    pub policies: Policies,
+    /// Which part provided each role (indexed by [`Role::index`]; a
+    /// built-in name or a component's name); `None`: the built-in default.
+    pub sources: [Option<String>; 3],
+}
+
+impl Resolved {
+    /// The roles some part of the spec provides.
+    pub fn provided(&self) -> Vec<Role> {
+        Role::ALL.into_iter().filter(|r| self.sources[r.index()].is_some()).collect()
+    }
+}
+
+impl std::fmt::Debug for Resolved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resolved")
+            .field("spec", &self.spec)
+            .field("policies", &self.policies)
+            .field("sources", &self.sources)
+            .finish()
+    }
+}
+
+/// The part chosen for one role so far: how many roles it provides, the
+/// policy and its label.
+struct Choice<P: ?Sized> {
+    roles: usize,
+    policy: Box<P>,
+    label: String,
+}
+
+/// Takes `policy` for a role unless the current choice is at least as specific.
+fn offer<P: ?Sized>(slot: &mut Option<Choice<P>>, roles: usize, label: &str, policy: Option<Box<P>>) {
+    if let Some(policy) = policy {
+        if slot.as_ref().is_none_or(|c| roles < c.roles) {
+            *slot = Some(Choice { roles, policy, label: label.to_string() });
+        }
+    }
+}
+
+/// Resolves `spec` (see the module documentation), loading parts that are
+/// not built-in names with `loader`.
+pub fn resolve(spec: &str, loader: &dyn PartLoader) -> Result<Resolved, SpecError> {
+    let mut placement: Option<Choice<dyn PlacementPolicy>> = None;
+    let mut reclamation: Option<Choice<dyn ReclamationPolicy>> = None;
+    let mut eviction: Option<Choice<dyn EvictionPolicy>> = None;
+    let mut parts = 0;
+    for part in spec.split('+').map(str::trim).filter(|p| !p.is_empty()) {
+        parts += 1;
+        let (what, config) = part.split_once('?').unwrap_or((part, ""));
+        if let Some(e) = builtin::eviction_by_name(what) {
+            // An eviction-only built-in provides only its role.
+            offer(&mut eviction, 1, what, Some(e));
+            continue;
+        }
+        if let Some(p) = builtin::by_name(what) {
+            offer(&mut placement, 3, what, Some(p.placement));
+            offer(&mut reclamation, 3, what, Some(p.reclamation));
+            offer(&mut eviction, 3, what, Some(p.eviction));
+            continue;
+        }
+        let loaded = loader.load_part(what, config)?;
+        let n = loaded.roles();
+        offer(&mut placement, n, &loaded.label, loaded.placement);
+        offer(&mut reclamation, n, &loaded.label, loaded.reclamation);
+        offer(&mut eviction, n, &loaded.label, loaded.eviction);
+    }
+    if parts == 0 {
+        return Err(SpecError::Empty(spec.to_string()));
+    }
+    let sources = [
+        placement.as_ref().map(|c| c.label.clone()),
+        reclamation.as_ref().map(|c| c.label.clone()),
+        eviction.as_ref().map(|c| c.label.clone()),
+    ];
+    let policies = Policies {
+        placement: placement.map_or_else(|| Box::new(PytorchPlacement) as Box<dyn PlacementPolicy>, |c| c.policy),
+        reclamation: reclamation
+            .map_or_else(|| Box::new(PytorchReclamation) as Box<dyn ReclamationPolicy>, |c| c.policy),
+        eviction: eviction.map_or_else(|| Box::new(LruEviction) as Box<dyn EvictionPolicy>, |c| c.policy),
+    };
+    Ok(Resolved { spec: spec.trim().to_string(), policies, sources })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtins_resolve_without_a_runtime() {
+        let r = resolve("lifecycle", &Builtins).unwrap();
+        assert_eq!(r.policies.placement.name(), "lifecycle");
+        assert_eq!(r.provided(), Role::ALL.to_vec());
+        let r = resolve("dtr + pytorch", &Builtins).unwrap();
+        assert_eq!((r.policies.placement.name(), r.policies.eviction.name()), ("pytorch", "dtr"));
+        assert_eq!(r.sources, [Some("pytorch".into()), Some("pytorch".into()), Some("dtr".into())]);
+        let r = resolve("belady", &Builtins).unwrap();
+        assert_eq!(r.provided(), vec![Role::Eviction]);
+        assert_eq!(r.policies.placement.name(), "pytorch");
+    }
+
+    #[test]
+    fn other_parts_need_a_loader() {
+        let e = resolve("pytorch-like", &Builtins).unwrap_err();
+        assert!(matches!(e, SpecError::NotBuiltin { .. }), "{e:?}");
+        assert!(e.to_string().contains("pytorch-like") && e.to_string().contains("naive"), "{e}");
+        assert!(matches!(resolve(" + ", &Builtins), Err(SpecError::Empty(_))));
+    }
+}
