@@ -35,6 +35,8 @@ pub mod comm;
 pub mod ctl;
 pub mod decision;
 pub mod device;
+pub mod driver;
+pub mod metrics;
 pub mod plot;
 #[cfg(feature = "wasm")]
 pub mod policy;

@@ -42,17 +42,17 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use rustc_hash::FxHashMap;
 use serde::Serialize;
 
-use crate::alloc::{AllocError, Allocator};
+use crate::alloc::Allocator;
 use crate::decision::Policies;
 use crate::device::sim::{SimConfig, SimDevice};
 use crate::device::Device;
-use crate::replay::Metrics;
+use crate::driver::{Driver, OnOom};
+use crate::metrics::Metrics;
 use crate::tier::TierConfig;
 use crate::trace::Event;
-use crate::types::{Phase, StreamId, TensorId};
+use crate::types::Phase;
 
 /// Metrics of both policies at the end of one step.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -75,11 +75,8 @@ pub type StepCallback = Box<dyn FnMut(&StepReport) + Send>;
 pub struct Shadow {
     label: String,
     alloc: Allocator<SimDevice>,
-    /// Trace id → (shadow handle, or `None` for zero-byte and OOM tensors; requested bytes).
-    ids: FxHashMap<u64, (Option<TensorId>, u64)>,
-    /// Event-derived counters (events, allocs, frees, peak live, zero-byte allocs).
-    m: Metrics,
-    live: u64,
+    /// Trace ids, live bytes and event counts (OOM is an outcome, as in a replay).
+    driver: Driver,
     busy: Duration,
     errors: u64,
     last_error: Option<String>,
@@ -92,7 +89,7 @@ impl std::fmt::Debug for Shadow {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Shadow")
             .field("label", &self.label)
-            .field("events", &self.m.events)
+            .field("events", &self.driver.events())
             .field("errors", &self.errors)
             .field("disabled", &self.disabled)
             .finish_non_exhaustive()
@@ -108,9 +105,7 @@ impl Shadow {
         Shadow {
             label: label.to_string(),
             alloc: Allocator::new(dev, policies),
-            ids: FxHashMap::default(),
-            m: Metrics::default(),
-            live: 0,
+            driver: Driver::new(OnOom::Outcome),
             busy: Duration::ZERO,
             errors: 0,
             last_error: None,
@@ -146,7 +141,7 @@ impl Shadow {
             Ok(Err(e)) => self.record_error(e),
             Err(_) => {
                 self.disabled = true;
-                self.record_error(format!("event {}: the shadow panicked and is disabled", self.m.events));
+                self.record_error(format!("event {}: the shadow panicked and is disabled", self.driver.events()));
             }
         }
         if let Event::Phase { phase: Phase::StepEnd, step } = *ev {
@@ -176,79 +171,16 @@ impl Shadow {
         self.last_error = Some(e);
     }
 
-    /// The replay logic of [`crate::replay::replay_split`], with errors
-    /// returned instead of stopping.
+    /// Applies one event through the driver (the replay's own logic).
     fn apply(&mut self, ev: &Event) -> Result<(), String> {
-        let n = self.m.events;
-        self.m.events += 1;
-        let err = |e: AllocError| format!("event {n}: {e}");
-        match *ev {
-            Event::Alloc { id, bytes, kind, stream, .. } => {
-                self.m.allocs += 1;
-                self.m.bytes_allocated += bytes;
-                if self.ids.contains_key(&id) {
-                    return Err(format!("event {n}: trace id {id} is already live"));
-                }
-                self.live += bytes;
-                self.m.peak_live_bytes = self.m.peak_live_bytes.max(self.live);
-                let handle = if bytes == 0 {
-                    self.m.zero_byte_allocs += 1;
-                    None
-                } else {
-                    match self.alloc.alloc(bytes, kind, StreamId(stream)) {
-                        Ok(h) => Some(h),
-                        Err(e @ AllocError::OutOfMemory { .. }) => {
-                            self.m.first_oom.get_or_insert_with(|| format!("event {n}: {e}"));
-                            None
-                        }
-                        Err(e) => {
-                            self.live -= bytes;
-                            return Err(err(e));
-                        }
-                    }
-                };
-                self.ids.insert(id, (handle, bytes));
-            }
-            Event::Free { id, .. } => {
-                self.m.frees += 1;
-                let (h, bytes) =
-                    self.ids.remove(&id).ok_or_else(|| format!("event {n}: tensor id {id} is not live"))?;
-                self.live -= bytes;
-                if let Some(h) = h {
-                    self.alloc.free(h).map_err(err)?;
-                }
-            }
-            Event::Use { id, stream } => {
-                let &(h, _) = self.ids.get(&id).ok_or_else(|| format!("event {n}: tensor id {id} is not live"))?;
-                if let Some(h) = h {
-                    match self.alloc.use_tensor(h, stream.map(StreamId)) {
-                        Ok(()) => {}
-                        // Bringing it back failed after every remedy: an outcome, as in a replay.
-                        Err(e @ AllocError::OutOfMemory { .. }) => {
-                            self.m.first_oom.get_or_insert_with(|| format!("event {n} (use of trace id {id}): {e}"));
-                        }
-                        Err(e) => return Err(err(e)),
-                    }
-                }
-            }
-            Event::Phase { phase, step } => {
-                if phase == Phase::StepEnd {
-                    self.m.steps += 1;
-                }
-                self.alloc.phase(phase, step).map_err(err)?
-            }
-        }
-        Ok(())
+        self.driver.apply(&mut self.alloc, ev, None).map(|_| ()).map_err(|e| e.to_string())
     }
 
-    /// Metrics so far, with the keys and meaning of a replay's.
+    /// Metrics so far, with the keys and meaning of a replay's; the timing
+    /// keys are the time spent inside the shadow.
     pub fn metrics(&self) -> Metrics {
-        let mut m = self.m.clone();
-        let a = &self.alloc;
-        crate::replay::fill(&mut m, &a.stats(), a.device(), a.gc_pauses(), &a.tier_stats());
-        m.offline_bound = a.eviction_needs_future();
-        m.wall_seconds = self.busy.as_secs_f64();
-        m.events_per_second = if m.wall_seconds > 0.0 { m.events as f64 / m.wall_seconds } else { 0.0 };
+        let mut m = self.driver.metrics(&self.alloc);
+        m.set_timing(self.busy.as_secs_f64());
         m
     }
 
@@ -361,7 +293,7 @@ pub fn allocator_metrics<D: Device>(alloc: &Allocator<D>) -> Metrics {
     let s = alloc.stats();
     let mut m =
         Metrics { allocs: s.allocs, frees: s.frees, peak_live_bytes: s.bytes.peak_live_bytes, ..Metrics::default() };
-    crate::replay::fill(&mut m, &s, alloc.device(), alloc.gc_pauses(), &alloc.tier_stats());
+    crate::metrics::fill(&mut m, &s, alloc.device(), alloc.gc_pauses(), &alloc.tier_stats());
     m.uses = s.uses;
     m
 }

@@ -1,24 +1,26 @@
 //! The allocator behind the C ABI, whatever its device: [`Engine`] is the
-//! small object-safe slice of [`Allocator`] the library needs.
+//! small object-safe slice of [`Allocator`] the library needs, driven by
+//! events through the engine's one [`Driver`] (out of memory is an error the
+//! caller sees).
 
 use wasmem::alloc::swap::{swap, SwapError, SwapOptions, SwapReport};
-use wasmem::alloc::{AllocError, Allocator, Stats};
+use wasmem::alloc::{Allocator, Stats};
 use wasmem::decision::Policies;
 use wasmem::device::cuda::CudaDevice;
 use wasmem::device::sim::SimDevice;
 use wasmem::device::{Device, DeviceError, DevicePtr};
+use wasmem::driver::{DriveError, Driver, OnOom};
 use wasmem::spec::Resolved;
-use wasmem::types::{StreamId, TensorId, TensorKind};
+use wasmem::trace::Event;
+use wasmem::types::TensorId;
 
 use crate::config::Backend;
 
-/// An allocator over some device.
+/// An allocator over some device, driven by events.
 pub trait Engine: Send {
-    /// Allocates `bytes` (a tensor of kind `other`) on `stream`; returns the
-    /// handle and its device address.
-    fn alloc(&mut self, bytes: u64, stream: StreamId) -> Result<(TensorId, DevicePtr), AllocError>;
-    /// Frees a live tensor.
-    fn free(&mut self, id: TensorId) -> Result<(), AllocError>;
+    /// Applies `ev`; an `alloc` that got storage returns its handle and
+    /// device address.
+    fn apply(&mut self, ev: &Event) -> Result<Option<(TensorId, DevicePtr)>, DriveError>;
     /// Statistics so far.
     fn stats(&self) -> Stats;
     /// The one hot swap ([`wasmem::alloc::swap::swap`]): the roles `new`
@@ -30,38 +32,50 @@ pub trait Engine: Send {
     fn capacity(&self) -> u64;
 }
 
-impl<D: Device> Engine for Allocator<D> {
-    fn alloc(&mut self, bytes: u64, stream: StreamId) -> Result<(TensorId, DevicePtr), AllocError> {
-        let id = Allocator::alloc(self, bytes, TensorKind::Other, stream)?;
-        Ok((id, self.address(id)?))
-    }
+/// An allocator and its driver.
+struct Driven<D: Device> {
+    alloc: Allocator<D>,
+    driver: Driver,
+}
 
-    fn free(&mut self, id: TensorId) -> Result<(), AllocError> {
-        Allocator::free(self, id)
+impl<D: Device> Engine for Driven<D> {
+    fn apply(&mut self, ev: &Event) -> Result<Option<(TensorId, DevicePtr)>, DriveError> {
+        let n = self.driver.events();
+        match self.driver.apply(&mut self.alloc, ev, None)? {
+            Some(id) => {
+                let addr = self.alloc.address(id).map_err(|source| DriveError::Alloc { event: n, source })?;
+                Ok(Some((id, addr)))
+            }
+            None => Ok(None),
+        }
     }
 
     fn stats(&self) -> Stats {
-        Allocator::stats(self)
+        self.alloc.stats()
     }
 
     fn swap(&mut self, new: Resolved) -> Result<SwapReport, SwapError> {
-        swap(self, new, &SwapOptions::default()).map(|(report, _retired)| report)
+        swap(&mut self.alloc, new, &SwapOptions::default()).map(|(report, _retired)| report)
     }
 
     fn device_name(&self) -> &'static str {
-        self.device().name()
+        self.alloc.device().name()
     }
 
     fn capacity(&self) -> u64 {
-        self.device().capacity()
+        self.alloc.device().capacity()
     }
+}
+
+fn driven<D: Device + 'static>(device: D, policies: Policies) -> Box<dyn Engine> {
+    Box::new(Driven { alloc: Allocator::new(device, policies), driver: Driver::new(OnOom::Error) })
 }
 
 /// Opens `backend` (device `ordinal` on CUDA; the ordinal is ignored by
 /// `sim`) under `policies`.
 pub fn open(backend: Backend, ordinal: usize, policies: Policies) -> Result<Box<dyn Engine>, DeviceError> {
     Ok(match backend {
-        Backend::Cuda => Box::new(Allocator::new(CudaDevice::new(ordinal)?, policies)),
-        Backend::Sim { capacity } => Box::new(Allocator::new(SimDevice::with_capacity(capacity), policies)),
+        Backend::Cuda => driven(CudaDevice::new(ordinal)?, policies),
+        Backend::Sim { capacity } => driven(SimDevice::with_capacity(capacity), policies),
     })
 }

@@ -2,7 +2,8 @@
 //!
 //! Invariants (checked by [`State::check_invariants`] in the tests):
 //! - `live` holds exactly the pointers handed out and not yet freed, each
-//!   with the allocator handle whose address it is:
+//!   with the trace id the engine's driver maps to the allocator handle
+//!   whose address it is:
 //!   `|live| = stats.allocs − stats.frees` once the engine is open;
 //! - `streams` maps each `cudaStream_t` seen to a distinct [`StreamId`]; the
 //!   null (default) stream is stream 0;
@@ -19,9 +20,10 @@ use serde_json::{json, Value};
 use wasmem::alloc::AllocError;
 use wasmem::builtin;
 use wasmem::decision::{Policies, Role};
+use wasmem::driver::DriveError;
 use wasmem::spec::Resolved;
 use wasmem::trace::{Event, TraceHeader};
-use wasmem::types::{StreamId, TensorId, TensorKind};
+use wasmem::types::{StreamId, TensorKind};
 
 use crate::config::{Backend, Config};
 use crate::engine::{self, Engine};
@@ -51,7 +53,6 @@ impl Failure {
 /// One pointer handed out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Live {
-    id: TensorId,
     trace_id: u64,
     bytes: u64,
 }
@@ -183,23 +184,31 @@ impl State {
         let rounded = wasmem::types::round_up(size, ALIGN)
             .ok_or_else(|| Failure::new(Cause::AllocFailed, format!("size {size} overflows when rounded")))?;
         let sid = self.stream_id(stream);
-        let (id, addr) = self.engine_for(device)?.alloc(rounded, sid).map_err(|e| match e {
-            AllocError::OutOfMemory { .. } => Failure::new(Cause::OutOfMemory, e.to_string()),
+        let trace_id = self.next_trace_id;
+        let ev = Event::Alloc { id: trace_id, bytes: rounded, kind: TensorKind::Other, stream: sid.0, t_us: None };
+        let got = self.engine_for(device)?.apply(&ev).map_err(|e| match e {
+            DriveError::Alloc { source: e @ AllocError::OutOfMemory { .. }, .. } => {
+                Failure::new(Cause::OutOfMemory, e.to_string())
+            }
+            DriveError::Alloc { source, .. } => {
+                Failure::new(Cause::AllocFailed, format!("allocation of {size} bytes failed: {source}"))
+            }
             e => Failure::new(Cause::AllocFailed, format!("allocation of {size} bytes failed: {e}")),
         })?;
-        let duplicate = self.live.contains_key(&addr);
         let engine = self.engine.as_deref_mut().expect("opened above");
-        if addr == 0 || addr % ALIGN != 0 || duplicate {
+        let Some((_, addr)) = got else {
+            return Err(Failure::new(Cause::AllocFailed, format!("allocation of {size} bytes got no storage")));
+        };
+        if addr == 0 || addr % ALIGN != 0 || self.live.contains_key(&addr) {
             // Cannot happen with a sound device; refuse rather than hand out a bad pointer.
-            let _ = engine.free(id);
+            let _ = engine.apply(&Event::Free { id: trace_id, t_us: None });
             return Err(Failure::new(Cause::AllocFailed, format!("the device returned an unusable address {addr:#x}")));
         }
-        let trace_id = self.next_trace_id;
         self.next_trace_id += 1;
         if let Some(t) = self.trace.as_mut() {
             t.push(Event::Alloc { id: trace_id, bytes: size, kind: TensorKind::Other, stream: sid.0, t_us: None });
         }
-        self.live.insert(addr, Live { id, trace_id, bytes: size });
+        self.live.insert(addr, Live { trace_id, bytes: size });
         Ok(addr)
     }
 
@@ -226,7 +235,10 @@ impl State {
             t.push(Event::Free { id: live.trace_id, t_us: None });
         }
         let engine = self.engine.as_deref_mut().expect("a live pointer implies an open engine");
-        engine.free(live.id).map_err(|e| Failure::new(Cause::FreeFailed, format!("free of {ptr:#x} failed: {e}")))
+        engine
+            .apply(&Event::Free { id: live.trace_id, t_us: None })
+            .map(|_| ())
+            .map_err(|e| Failure::new(Cause::FreeFailed, format!("free of {ptr:#x} failed: {e}")))
     }
 
     /// Swaps in the roles `new` provides (the one swap: state carried

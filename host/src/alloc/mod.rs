@@ -136,7 +136,7 @@ pub enum AllocError {
     Device(#[from] DeviceError),
     /// Neither the policy nor the fallback gave a valid decision.
     #[error("{0}")]
-    NoDecision(#[from] NoDecision),
+    NoDecision(Box<NoDecision>),
     /// A move between tiers failed; the tensor stayed on its previous tier.
     #[error("{0}")]
     Tier(#[from] TierError),
@@ -471,7 +471,7 @@ impl<D: Device> Allocator<D> {
     #[inline(always)]
     fn place_block(&mut self, req: &AllocRequest) -> Result<(u32, u32), AllocError> {
         let (stream, ctx) = (req.stream, self.context());
-        let p = self.policies.place(req, &ctx)?;
+        let p = self.policies.place(req, &ctx).map_err(AllocError::NoDecision)?;
         if p.memo_hit {
             self.stats.policy_memo_hits += 1;
         }
@@ -996,5 +996,14 @@ impl<D: Device> Allocator<D> {
         let c = self.eviction_candidates();
         let ctx = self.context();
         self.policies.choose_victims(need_bytes, &c, &ctx)
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    #[test]
+    fn errors_stay_small() {
+        // Results of the hot path carry this type: keep it a few words.
+        assert!(std::mem::size_of::<super::AllocError>() <= 64, "{}", std::mem::size_of::<super::AllocError>());
     }
 }

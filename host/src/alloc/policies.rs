@@ -254,7 +254,7 @@ impl PolicySet {
 
     /// Decides placement for `req`.
     #[inline]
-    pub(crate) fn place(&mut self, req: &AllocRequest, ctx: &PolicyContext) -> Result<Placement, NoDecision> {
+    pub(crate) fn place(&mut self, req: &AllocRequest, ctx: &PolicyContext) -> Result<Placement, Box<NoDecision>> {
         let pools = self.pool_map.len();
         let h = &mut self.health[Role::Placement.index()];
         if self.memoize && !h.disabled {
@@ -291,7 +291,7 @@ impl PolicySet {
 
     #[cold]
     #[inline(never)]
-    fn fallback_place(&mut self, req: &AllocRequest, ctx: &PolicyContext) -> Result<Placement, NoDecision> {
+    fn fallback_place(&mut self, req: &AllocRequest, ctx: &PolicyContext) -> Result<Placement, Box<NoDecision>> {
         let pools = self.fallback_pool_map.len();
         let fb = &mut self.fallback.placement;
         let decided = fb.place(req, ctx).and_then(|d| Ok((d, d.validate(req, pools)?)));
@@ -303,7 +303,7 @@ impl PolicySet {
                 decision: d,
                 memo_hit: false,
             }),
-            Err(cause) => Err(NoDecision { role: Role::Placement, policy: fb.name().to_string(), cause }),
+            Err(cause) => Err(Box::new(NoDecision { role: Role::Placement, policy: fb.name().to_string(), cause })),
         }
     }
 

@@ -2,8 +2,11 @@
 //! keeps the buffer table, and feeds every allocation event to the rank's
 //! event tap.
 //!
-//! Invariants: a [`Buf`] is in the table ⇔ it is a live tensor of the
-//! allocator; `state_live = Σ bytes of live Param/Grad/Master/ExpAvg/ExpAvgSq
+//! Memory ops become trace events ([`EventNumbering`]) applied through the
+//! one [`Driver`] (out of memory is an error here, not an outcome).
+//!
+//! Invariants: a [`Buf`] is live in the numbering ⇔ its trace id is live in
+//! the driver ⇔ it is a live tensor of the allocator; `state_live = Σ bytes of live Param/Grad/Master/ExpAvg/ExpAvgSq
 //! buffers`, `layer_live = Σ bytes of live Gathered/FullGrad buffers`; the
 //! tap sees the events of [`super::plan::EventNumbering`] in plan order, so a
 //! rank's recorded trace equals [`super::plan::Plan::events`].
@@ -12,14 +15,12 @@
 //! [`crate::alloc::Allocator::read`], which both the host-backed simulated
 //! device and the CUDA backend support.
 
-use rustc_hash::FxHashMap;
-
 use super::plan::{Buf, EventNumbering, Op};
-use crate::alloc::AllocError;
-use crate::alloc::SharedAllocator;
+use crate::alloc::{AllocError, SharedAllocator};
 use crate::device::Device;
+use crate::driver::{DriveError, Driver, OnOom};
 use crate::trace::Event;
-use crate::types::{StreamId, TensorId};
+use crate::types::TensorId;
 
 /// A consumer of one rank's allocation events (trace recorder, shadow A/B).
 pub type EventTap = Box<dyn FnMut(&Event) + Send>;
@@ -53,7 +54,8 @@ pub enum MemError {
 pub struct RankMemory<D: Device> {
     rank: usize,
     alloc: SharedAllocator<D>,
-    bufs: FxHashMap<Buf, (TensorId, u64)>,
+    /// Trace ids → handles (the one driver; out of memory is an error here).
+    driver: Driver,
     numbering: EventNumbering,
     tap: Option<EventTap>,
     /// Device bytes of persistent model states now.
@@ -80,7 +82,7 @@ impl<D: Device> RankMemory<D> {
         RankMemory {
             rank,
             alloc,
-            bufs: FxHashMap::default(),
+            driver: Driver::new(OnOom::Error),
             numbering: EventNumbering::default(),
             tap,
             state_live: 0,
@@ -99,15 +101,26 @@ impl<D: Device> RankMemory<D> {
         MemError::Alloc { rank: self.rank, what, buf, source }
     }
 
-    /// Applies a memory op (`Exec` ops are ignored).
+    /// Applies a memory op (`Exec` ops are ignored) through the driver, then
+    /// hands its event to the tap.
     pub fn apply(&mut self, op: &Op) -> Result<(), MemError> {
+        let (what, buf) = match *op {
+            Op::Exec(_) => return Ok(()),
+            Op::Phase(..) => ("phase", Buf::Tokens),
+            Op::Alloc { buf, .. } => ("alloc", buf),
+            Op::Free(buf) => ("free", buf),
+            Op::Use(buf) => ("use", buf),
+        };
+        let rank = self.rank;
+        let freed = if matches!(op, Op::Free(_)) { self.bytes(buf)? } else { 0 };
+        let ev = self.numbering.event(op).ok_or(MemError::NotLive { rank, buf })?;
+        let driver = &mut self.driver;
+        self.alloc.with(|a| driver.apply(a, &ev, None)).map_err(|e| match e {
+            DriveError::Alloc { source, .. } => self.err(what, buf, source),
+            DriveError::UnknownId { .. } | DriveError::ReusedId { .. } => MemError::NotLive { rank, buf },
+        })?;
         match *op {
-            Op::Phase(phase, step) => {
-                self.alloc.phase(phase, step).map_err(|e| self.err("phase", Buf::Tokens, e))?;
-            }
-            Op::Alloc { buf, bytes, kind } => {
-                let id = self.alloc.alloc(bytes, kind, StreamId(0)).map_err(|e| self.err("alloc", buf, e))?;
-                self.bufs.insert(buf, (id, bytes));
+            Op::Alloc { buf, bytes, .. } => {
                 if is_state(buf) {
                     self.state_live += bytes;
                     self.state_peak = self.state_peak.max(self.state_live);
@@ -118,36 +131,34 @@ impl<D: Device> RankMemory<D> {
                 }
             }
             Op::Free(buf) => {
-                let (id, bytes) = self.bufs.remove(&buf).ok_or(MemError::NotLive { rank: self.rank, buf })?;
-                self.alloc.free(id).map_err(|e| self.err("free", buf, e))?;
                 if is_state(buf) {
-                    self.state_live -= bytes;
+                    self.state_live -= freed;
                 }
                 if is_layer(buf) {
-                    self.layer_live -= bytes;
+                    self.layer_live -= freed;
                 }
             }
-            Op::Use(buf) => {
-                let id = self.id(buf)?;
-                self.alloc.use_tensor(id, None).map_err(|e| self.err("use", buf, e))?;
-            }
-            Op::Exec(_) => return Ok(()),
+            _ => {}
         }
-        let ev = self.numbering.event(op);
-        if let (Some(tap), Some(ev)) = (self.tap.as_mut(), ev) {
+        if let Some(tap) = self.tap.as_mut() {
             tap(&ev);
         }
         Ok(())
     }
 
+    /// The trace id of a live buffer.
+    fn trace_id(&self, buf: Buf) -> Result<u64, MemError> {
+        self.numbering.id(buf).ok_or(MemError::NotLive { rank: self.rank, buf })
+    }
+
     /// The tensor behind a live buffer.
     pub fn id(&self, buf: Buf) -> Result<TensorId, MemError> {
-        self.bufs.get(&buf).map(|b| b.0).ok_or(MemError::NotLive { rank: self.rank, buf })
+        self.driver.handle(self.trace_id(buf)?).ok_or(MemError::NotLive { rank: self.rank, buf })
     }
 
     /// Bytes of a live buffer.
     pub fn bytes(&self, buf: Buf) -> Result<u64, MemError> {
-        self.bufs.get(&buf).map(|b| b.1).ok_or(MemError::NotLive { rank: self.rank, buf })
+        self.driver.bytes(self.trace_id(buf)?).ok_or(MemError::NotLive { rank: self.rank, buf })
     }
 
     fn read_bytes(&self, buf: Buf, offset: u64, out: &mut [u8]) -> Result<(), MemError> {
