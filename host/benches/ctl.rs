@@ -21,10 +21,11 @@ use wasmem::alloc::SharedAllocator;
 use wasmem::builtin;
 use wasmem::ctl::{request, CtlServer, RankControl, Request, RoleArg, ServerOptions};
 use wasmem::device::sim::{SimConfig, SimDevice};
+use wasmem::model::ModelSpec;
 use wasmem::policy::Runtime;
 use wasmem::replay::{replay, ReplayConfig};
 use wasmem::shadow::{Shadow, ShadowHandle};
-use wasmem::synth::{synth, ModelSpec};
+use wasmem::synth::synth;
 use wasmem::types::GIB;
 
 fn control(c: &mut Criterion) {

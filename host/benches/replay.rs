@@ -3,8 +3,9 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use wasmem::builtin;
+use wasmem::model::ModelSpec;
 use wasmem::replay::{replay, ReplayConfig};
-use wasmem::synth::{synth, ModelSpec};
+use wasmem::synth::synth;
 use wasmem::trace::Event;
 
 fn events() -> Vec<Event> {

@@ -1,8 +1,9 @@
 //! Replay speed of a synthesized workload, for profiling:
 //! `cargo run --release --example replay_speed -- pytorch 20`.
 use wasmem::builtin;
+use wasmem::model::ModelSpec;
 use wasmem::replay::{replay, ReplayConfig};
-use wasmem::synth::{synth, ModelSpec};
+use wasmem::synth::synth;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

@@ -59,12 +59,12 @@ pub enum DriveError {
         id: u64,
     },
     /// The allocator refused the event (with [`OnOom::Error`], also out of memory).
-    #[error("event {event}: {source}")]
+    #[error("event {event}: {cause}")]
     Alloc {
         /// Index of the event.
         event: u64,
         /// The allocator's error.
-        source: AllocError,
+        cause: AllocError,
     },
 }
 
@@ -117,7 +117,7 @@ impl Driver {
     ) -> Result<Option<TensorId>, DriveError> {
         let n = self.m.events;
         self.m.events += 1;
-        let err = |source| DriveError::Alloc { event: n, source };
+        let err = |cause| DriveError::Alloc { event: n, cause };
         match *ev {
             Event::Alloc { id, bytes, kind, stream, .. } => {
                 self.m.allocs += 1;

@@ -37,11 +37,13 @@ pub mod decision;
 pub mod device;
 pub mod driver;
 pub mod metrics;
+pub mod model;
 pub mod plot;
 #[cfg(feature = "wasm")]
 pub mod policy;
 pub mod replay;
 pub mod report;
+pub mod session;
 pub mod shadow;
 pub mod shard;
 pub mod spec;
@@ -50,3 +52,4 @@ pub mod tier;
 pub mod trace;
 pub mod train;
 pub mod types;
+pub mod workload;

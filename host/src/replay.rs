@@ -81,12 +81,12 @@ pub enum ReplayError {
     #[error(transparent)]
     Drive(#[from] DriveError),
     /// The hot swap of a split replay was refused.
-    #[error("event {event}: {source}")]
+    #[error("event {event}: {cause}")]
     Swap {
         /// Event index.
         event: u64,
         /// The error.
-        source: SwapError,
+        cause: SwapError,
     },
 }
 
@@ -225,7 +225,7 @@ where
             let mut fm = driver.metrics(&alloc);
             fm.set_timing(start.elapsed().as_secs_f64());
             first = Some((fm, alloc.stats(), alloc.device().counters(), alloc.gc_pauses().len(), alloc.tier_stats()));
-            swap(&mut alloc, s.to, &s.opts).map_err(|e| ReplayError::Swap { event: n, source: e })?;
+            swap(&mut alloc, s.to, &s.opts).map_err(|e| ReplayError::Swap { event: n, cause: e })?;
             alloc.reset_peaks();
             driver.mark();
         }

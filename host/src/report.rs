@@ -1,10 +1,95 @@
-//! Human-readable reports of replay metrics: one summary, or a comparison
-//! table with metrics as rows, policies as columns, and ratios to the first.
+//! Everything the command line prints: replay summaries, comparison tables
+//! (metrics as rows, policies as columns, ratios to the first), the JSON
+//! lines of `--json`, PyTorch's own figures beside a snapshot's replay, and
+//! the training report ([`train`](mod@train)). The library's sessions return
+//! values; this module turns them into text.
 
 use std::fmt::Write;
 
-use crate::replay::Metrics;
+use serde_json::Value;
+
+use crate::metrics::Metrics;
+use crate::session::ReplayOutcome;
+use crate::trace::snapshot::SnapshotInfo;
 use crate::types::human_bytes;
+
+pub mod train;
+
+/// PyTorch's own figures for a snapshot, shown beside each replay of it.
+pub fn pytorch_line(info: &SnapshotInfo) -> String {
+    format!(
+        "recorded by PyTorch itself: reserved {} at the end of the snapshot, peak over the window {} ({} segments)",
+        human_bytes(info.pytorch_reserved_bytes_end),
+        human_bytes(info.pytorch_peak_reserved_bytes),
+        info.segments
+    )
+}
+
+/// The `--json` object of one replay: the metric keys, `trace`, `policy`,
+/// PyTorch's figures for a snapshot, `halves` of a hot swap and `shadow`.
+pub fn replay_json(o: &ReplayOutcome) -> Value {
+    let mut v = serde_json::to_value(&o.metrics).unwrap_or_else(|_| Value::Object(Default::default()));
+    v["trace"] = o.workload.as_str().into();
+    if let Some(info) = &o.pytorch {
+        v["pytorch_reserved_bytes_end"] = info.pytorch_reserved_bytes_end.into();
+        v["pytorch_peak_reserved_bytes"] = info.pytorch_peak_reserved_bytes.into();
+    }
+    v["policy"] = o.policy.as_str().into();
+    if let Some(h) = &o.halves {
+        v["halves"] = serde_json::to_value(h).unwrap_or_default();
+    }
+    if let Some(s) = &o.shadow {
+        let mut sv = serde_json::to_value(&s.metrics).unwrap_or_default();
+        sv["policy"] = s.spec.as_str().into();
+        sv["errors"] = s.errors.into();
+        v["shadow"] = sv;
+    }
+    v
+}
+
+/// The text report of one replay (`wasmem replay`): the summary, the shadow
+/// beside the primary, PyTorch's figures.
+pub fn replay_text(o: &ReplayOutcome) -> String {
+    let mut out = summary(&o.workload, &o.policy, &o.metrics);
+    out.push('\n');
+    if let Some(s) = &o.shadow {
+        let title = format!("== {} · shadow A/B ({} shadow errors) ==", o.workload, s.errors);
+        out.push_str(&crate::shadow::side_by_side(&title, (&o.policy, &o.metrics), (&s.spec, &s.metrics)));
+        out.push('\n');
+    }
+    if let Some(info) = &o.pytorch {
+        out.push_str(&pytorch_line(info));
+        out.push('\n');
+    }
+    out
+}
+
+/// The text report of one workload under several policies (`wasmem
+/// compare`): the comparison table, both halves of a hot swap to `swap_to`,
+/// PyTorch's figures.
+pub fn compare_text(outcomes: &[ReplayOutcome], swap_to: Option<&str>) -> String {
+    let Some(first) = outcomes.first() else { return String::new() };
+    let cols: Vec<(String, Metrics)> = outcomes.iter().map(|o| (o.policy.clone(), o.metrics.clone())).collect();
+    let mut out = comparison_table(&format!("== {} ==", first.workload), &cols);
+    out.push('\n');
+    let mut halves = Vec::new();
+    for o in outcomes {
+        if let (Some(h), Some(to)) = (&o.halves, swap_to) {
+            halves.push((format!("{} [0,{})", o.policy, h.split_at), h.first.clone()));
+            halves.push((format!("→{to} [{},end)", h.split_at), h.second.clone()));
+        }
+    }
+    if !halves.is_empty() {
+        let title = format!("== {} · both halves of the hot swap ==", first.workload);
+        out.push_str(&comparison_table(&title, &halves));
+        out.push('\n');
+    }
+    if let Some(info) = &first.pytorch {
+        out.push_str(&pytorch_line(info));
+        out.push_str("\n\n");
+    }
+    out
+}
 
 /// How a metric is shown.
 #[derive(Clone, Copy)]

@@ -14,242 +14,9 @@
 //! scratch), autocast weight-cast caches, communication buffers, fragmentation
 //! effects of view/resize operations, and data-loader pinned buffers.
 
-use serde::Serialize;
-
+use crate::model::{Arch, ModelError, ModelSpec, Optimizer};
 use crate::trace::Event;
 use crate::types::TensorKind;
-
-/// Block architecture.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Arch {
-    /// GPT-2: pre-LayerNorm, biased projections, tanh-GELU composite, dropout, learned positions.
-    Gpt2,
-    /// BERT: post-LayerNorm encoder, erf-GELU, dropout, masked-LM head.
-    Bert,
-    /// Llama: RMSNorm, rotary embeddings, grouped-query attention, SwiGLU, no biases, no dropout.
-    Llama,
-}
-
-/// Optimizer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Optimizer {
-    /// AdamW with two moment buffers per parameter (`foreach` implementation).
-    Adamw,
-    /// SGD without momentum (no state).
-    Sgd,
-}
-
-/// A model and training configuration.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ModelSpec {
-    /// Preset or user name.
-    pub name: String,
-    /// Block architecture.
-    pub arch: Arch,
-    /// Transformer layers.
-    pub layers: u64,
-    /// Hidden size.
-    pub hidden: u64,
-    /// Attention heads.
-    pub heads: u64,
-    /// Key/value heads (grouped-query attention when < heads).
-    pub kv_heads: u64,
-    /// MLP intermediate size.
-    pub intermediate: u64,
-    /// Vocabulary size.
-    pub vocab: u64,
-    /// Sequence length.
-    pub seq: u64,
-    /// Micro-batch size.
-    pub batch: u64,
-    /// Bytes per element of weights, gradients and activations (4: fp32, 2: bf16).
-    pub dtype_bytes: u64,
-    /// Mixed precision: fp32 master weights in the optimizer state.
-    pub master_weights: bool,
-    /// Optimizer.
-    pub optimizer: Optimizer,
-    /// Activation checkpointing per layer.
-    pub checkpointing: bool,
-    /// Tied input embedding and output head.
-    pub tied: bool,
-    /// Training steps.
-    pub steps: u64,
-}
-
-impl ModelSpec {
-    /// Built-in presets.
-    pub const PRESETS: [&'static str; 6] = ["gpt2-124m", "bert-base", "llama-1b", "llama-7b", "llama-70b", "tiny"];
-
-    /// A preset by name.
-    pub fn preset(name: &str) -> Option<Self> {
-        let base = ModelSpec {
-            name: name.to_string(),
-            arch: Arch::Gpt2,
-            layers: 12,
-            hidden: 768,
-            heads: 12,
-            kv_heads: 12,
-            intermediate: 3072,
-            vocab: 50257,
-            seq: 1024,
-            batch: 8,
-            dtype_bytes: 4,
-            master_weights: false,
-            optimizer: Optimizer::Adamw,
-            checkpointing: false,
-            tied: true,
-            steps: 3,
-        };
-        Some(match name {
-            "gpt2-124m" => base,
-            "bert-base" => ModelSpec { arch: Arch::Bert, vocab: 30522, seq: 512, batch: 32, tied: true, ..base },
-            "llama-1b" => ModelSpec {
-                arch: Arch::Llama,
-                layers: 16,
-                hidden: 2048,
-                heads: 32,
-                kv_heads: 8,
-                intermediate: 8192,
-                vocab: 128256,
-                seq: 2048,
-                batch: 4,
-                dtype_bytes: 2,
-                master_weights: true,
-                tied: true,
-                ..base
-            },
-            "llama-7b" => ModelSpec {
-                arch: Arch::Llama,
-                layers: 32,
-                hidden: 4096,
-                heads: 32,
-                kv_heads: 32,
-                intermediate: 11008,
-                vocab: 32000,
-                seq: 4096,
-                batch: 1,
-                dtype_bytes: 2,
-                master_weights: true,
-                checkpointing: true,
-                tied: false,
-                ..base
-            },
-            "llama-70b" => ModelSpec {
-                arch: Arch::Llama,
-                layers: 80,
-                hidden: 8192,
-                heads: 64,
-                kv_heads: 8,
-                intermediate: 28672,
-                vocab: 128256,
-                seq: 4096,
-                batch: 1,
-                dtype_bytes: 2,
-                master_weights: true,
-                checkpointing: true,
-                tied: false,
-                ..base
-            },
-            // The trainer's demo model (`wasmem train`): a small GPT trained
-            // in bf16 with fp32 master weights.
-            "tiny" => ModelSpec {
-                layers: 4,
-                hidden: 128,
-                heads: 4,
-                kv_heads: 4,
-                intermediate: 512,
-                vocab: 256,
-                seq: 32,
-                batch: 4,
-                dtype_bytes: 2,
-                master_weights: true,
-                ..base
-            },
-            _ => return None,
-        })
-    }
-
-    /// Checks the description; names the first bad field.
-    pub fn validate(&self) -> Result<(), String> {
-        for (field, v) in [
-            ("layers", self.layers),
-            ("hidden", self.hidden),
-            ("heads", self.heads),
-            ("kv_heads", self.kv_heads),
-            ("intermediate", self.intermediate),
-            ("vocab", self.vocab),
-            ("seq", self.seq),
-            ("batch", self.batch),
-            ("steps", self.steps),
-        ] {
-            if v == 0 {
-                return Err(format!("{field} must be positive"));
-            }
-            if v > 1 << 24 {
-                return Err(format!("{field} = {v} is out of range"));
-            }
-        }
-        if !self.hidden.is_multiple_of(self.heads) {
-            return Err(format!("hidden ({}) must be a multiple of heads ({})", self.hidden, self.heads));
-        }
-        if !self.heads.is_multiple_of(self.kv_heads) {
-            return Err(format!("heads ({}) must be a multiple of kv_heads ({})", self.heads, self.kv_heads));
-        }
-        if ![2, 4].contains(&self.dtype_bytes) {
-            return Err(format!("dtype_bytes must be 2 or 4, not {}", self.dtype_bytes));
-        }
-        let tokens = self.batch * self.seq;
-        if tokens.checked_mul(self.vocab).and_then(|v| v.checked_mul(4)).is_none() {
-            return Err("batch × seq × vocab overflows".into());
-        }
-        Ok(())
-    }
-
-    /// Parameter tensors (element counts), in registration order.
-    pub fn parameters(&self) -> Vec<u64> {
-        let (h, i, v) = (self.hidden, self.intermediate, self.vocab);
-        let kv = self.kv_heads * (h / self.heads);
-        let mut p = vec![v * h];
-        if self.arch != Arch::Llama {
-            p.push(self.seq * h); // learned positions (one per position of the sequence)
-        }
-        if self.arch == Arch::Bert {
-            p.extend([2 * h, h, h]); // token types, embedding LayerNorm
-        }
-        for _ in 0..self.layers {
-            match self.arch {
-                Arch::Gpt2 => p.extend([h, h, h * 3 * h, 3 * h, h * h, h, h, h, h * i, i, i * h, h]),
-                Arch::Bert => p.extend([h * h, h, h * h, h, h * h, h, h * h, h, h, h, h * i, i, i * h, h, h, h]),
-                Arch::Llama => p.extend([h, h * h, h * kv, h * kv, h * h, h, h * i, h * i, i * h]),
-            }
-        }
-        match self.arch {
-            Arch::Gpt2 => p.extend([h, h]), // final LayerNorm weight and bias
-            Arch::Llama => p.push(h),
-            Arch::Bert => p.extend([h * h, h, h, h, v]),
-        }
-        if !self.tied {
-            p.push(v * h);
-        }
-        p
-    }
-
-    /// (parameter tensors before the first layer, parameter tensors per layer).
-    pub fn layout(&self) -> (usize, usize) {
-        match self.arch {
-            Arch::Gpt2 => (2, 12),
-            Arch::Bert => (5, 16),
-            Arch::Llama => (1, 9),
-        }
-    }
-
-    /// Number of parameters.
-    pub fn parameter_count(&self) -> u64 {
-        self.parameters().iter().sum()
-    }
-}
 
 /// Builds the event list.
 struct Gen {
@@ -320,7 +87,7 @@ pub(crate) fn layer_saved(s: &ModelSpec) -> Vec<u64> {
 }
 
 /// Synthesizes the events of `spec` (header excluded).
-pub fn synth(spec: &ModelSpec) -> Result<Vec<Event>, String> {
+pub fn synth(spec: &ModelSpec) -> Result<Vec<Event>, ModelError> {
     spec.validate()?;
     let e = spec.dtype_bytes;
     let tokens = spec.batch * spec.seq;
@@ -473,8 +240,8 @@ mod tests {
     #[test]
     fn bad_specs_name_the_field() {
         let s = ModelSpec { heads: 0, ..ModelSpec::preset("gpt2-124m").unwrap() };
-        assert_eq!(s.validate().unwrap_err(), "heads must be positive");
+        assert_eq!(s.validate().unwrap_err().to_string(), "heads must be positive");
         let s = ModelSpec { heads: 7, ..ModelSpec::preset("gpt2-124m").unwrap() };
-        assert!(s.validate().unwrap_err().contains("multiple of heads"));
+        assert!(s.validate().unwrap_err().to_string().contains("multiple of heads"));
     }
 }

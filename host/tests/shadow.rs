@@ -7,9 +7,10 @@ use std::process::Command;
 
 use wasmem::builtin;
 use wasmem::device::sim::SimConfig;
+use wasmem::model::ModelSpec;
 use wasmem::replay::{replay, Metrics, ReplayConfig};
 use wasmem::shadow::{Shadow, ShadowHandle};
-use wasmem::synth::{synth, ModelSpec};
+use wasmem::synth::synth;
 use wasmem::tier::TierConfig;
 use wasmem::trace::Event;
 use wasmem::types::GIB;

@@ -4,8 +4,9 @@
 use std::collections::HashMap;
 
 use wasmem::builtin;
+use wasmem::model::ModelSpec;
 use wasmem::replay::{replay, snapshot_of, ReplayConfig};
-use wasmem::synth::{synth, ModelSpec};
+use wasmem::synth::synth;
 use wasmem::trace::snapshot::{export::export_bytes, import_bytes, ImportOptions};
 use wasmem::trace::Event;
 

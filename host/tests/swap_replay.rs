@@ -5,9 +5,10 @@
 use wasmem::alloc::Allocator;
 use wasmem::builtin;
 use wasmem::device::sim::SimDevice;
+use wasmem::model::ModelSpec;
 use wasmem::replay::{replay_split, ReplayConfig, Split};
 use wasmem::spec::{resolve, Builtins};
-use wasmem::synth::{synth, ModelSpec};
+use wasmem::synth::synth;
 
 #[test]
 fn swapped_policies_do_not_strand_memory() {

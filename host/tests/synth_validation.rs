@@ -4,8 +4,9 @@
 use std::path::PathBuf;
 
 use wasmem::builtin;
+use wasmem::model::ModelSpec;
 use wasmem::replay::{replay, ReplayConfig};
-use wasmem::synth::{synth, ModelSpec};
+use wasmem::synth::synth;
 use wasmem::trace::TraceReader;
 
 fn peak_live(events: impl IntoIterator<Item = Result<wasmem::trace::Event, String>>) -> u64 {
@@ -42,6 +43,6 @@ fn checkpointing_and_mixed_precision_shrink_the_peak() {
     let ckpt = live(&ModelSpec { checkpointing: true, ..base.clone() });
     // Model states (≈ 16 bytes per parameter) and the logits stay; the layers' activations go.
     assert!((ckpt as f64) < plain as f64 * 0.8, "checkpointing: {ckpt} vs {plain}");
-    let sgd = live(&ModelSpec { optimizer: wasmem::synth::Optimizer::Sgd, ..base.clone() });
+    let sgd = live(&ModelSpec { optimizer: wasmem::model::Optimizer::Sgd, ..base.clone() });
     assert!(sgd < plain, "no optimizer state: {sgd} vs {plain}");
 }

@@ -4,8 +4,8 @@
 use wasmem::alloc::Allocator;
 use wasmem::alloc::SharedAllocator;
 use wasmem::device::sim::{SimConfig, SimDevice};
+use wasmem::model::ModelSpec;
 use wasmem::shard::ZeroConfig;
-use wasmem::synth::ModelSpec;
 use wasmem::train::{TrainConfig, TrainResult, Trainer};
 
 fn small() -> ModelSpec {

@@ -8,12 +8,12 @@ use wasmem::alloc::Allocator;
 use wasmem::alloc::SharedAllocator;
 use wasmem::builtin;
 use wasmem::device::sim::{SimConfig, SimDevice};
+use wasmem::model::ModelSpec;
 use wasmem::policy::Runtime;
 use wasmem::replay::{replay, ReplayConfig};
 use wasmem::shard::{Plan, ZeroConfig};
-use wasmem::synth::ModelSpec;
 use wasmem::trace::Event;
-use wasmem::train::run::swap_policy;
+use wasmem::train::session::swap_policy;
 use wasmem::train::{TrainConfig, TrainError, Trainer};
 use wasmem::types::MIB;
 

@@ -8,9 +8,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use wasmem::builtin;
+use wasmem::model::ModelSpec;
 use wasmem::policy::{resolve_with, shipped_candidates, Limits, Runtime, RuntimeConfig};
 use wasmem::replay::{replay, Metrics, ReplayConfig};
-use wasmem::synth::{synth, ModelSpec};
+use wasmem::synth::synth;
 use wasmem::trace::{Event, TraceReader};
 
 /// Shipped policies and a spec that uses them (eviction-only and

@@ -11,9 +11,10 @@ use wasmem::decision::{
     AllocRequest, EvictionCandidate, EvictionPolicy, PlacementPolicy, PolicyContext, ReclaimDecision, ReclaimTrigger,
     ReclamationPolicy, Role,
 };
+use wasmem::model::ModelSpec;
 use wasmem::policy::{resolve_with, LoadError, WasmPolicy, WitVersion};
 use wasmem::replay::{replay, Metrics, ReplayConfig};
-use wasmem::synth::{synth, ModelSpec};
+use wasmem::synth::synth;
 use wasmem::types::{Phase, StreamId, TensorId, TensorKind, Tier, GIB, MIB};
 
 /// The 0.1.0 fixture `name`.

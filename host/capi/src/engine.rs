@@ -43,7 +43,7 @@ impl<D: Device> Engine for Driven<D> {
         let n = self.driver.events();
         match self.driver.apply(&mut self.alloc, ev, None)? {
             Some(id) => {
-                let addr = self.alloc.address(id).map_err(|source| DriveError::Alloc { event: n, source })?;
+                let addr = self.alloc.address(id).map_err(|cause| DriveError::Alloc { event: n, cause })?;
                 Ok(Some((id, addr)))
             }
             None => Ok(None),

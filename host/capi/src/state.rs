@@ -187,11 +187,11 @@ impl State {
         let trace_id = self.next_trace_id;
         let ev = Event::Alloc { id: trace_id, bytes: rounded, kind: TensorKind::Other, stream: sid.0, t_us: None };
         let got = self.engine_for(device)?.apply(&ev).map_err(|e| match e {
-            DriveError::Alloc { source: e @ AllocError::OutOfMemory { .. }, .. } => {
+            DriveError::Alloc { cause: e @ AllocError::OutOfMemory { .. }, .. } => {
                 Failure::new(Cause::OutOfMemory, e.to_string())
             }
-            DriveError::Alloc { source, .. } => {
-                Failure::new(Cause::AllocFailed, format!("allocation of {size} bytes failed: {source}"))
+            DriveError::Alloc { cause, .. } => {
+                Failure::new(Cause::AllocFailed, format!("allocation of {size} bytes failed: {cause}"))
             }
             e => Failure::new(Cause::AllocFailed, format!("allocation of {size} bytes failed: {e}")),
         })?;

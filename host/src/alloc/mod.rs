@@ -133,12 +133,12 @@ pub enum AllocError {
     UnknownPool(String),
     /// The device failed in an unexpected way.
     #[error("device error: {0}")]
-    Device(#[from] DeviceError),
+    Device(DeviceError),
     /// Neither the policy nor the fallback gave a valid decision.
     #[error("{0}")]
     NoDecision(Box<NoDecision>),
     /// A move between tiers failed; the tensor stayed on its previous tier.
-    #[error("{0}")]
+    #[error(transparent)]
     Tier(#[from] TierError),
     /// The tensor is not on the device (an address was asked for).
     #[error("{id} is on the {tier:?} tier, not on the device")]
@@ -148,6 +148,12 @@ pub enum AllocError {
         /// Where it is.
         tier: Tier,
     },
+}
+
+impl From<DeviceError> for AllocError {
+    fn from(e: DeviceError) -> Self {
+        AllocError::Device(e)
+    }
 }
 
 /// A read-only view of one live tensor.

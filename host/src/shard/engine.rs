@@ -29,7 +29,7 @@ pub type EventTap = Box<dyn FnMut(&Event) + Send>;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MemError {
     /// The allocator refused an operation on a buffer.
-    #[error("rank {rank}: {what} of {buf:?} failed: {source}")]
+    #[error("rank {rank}: {what} of {buf:?} failed: {cause}")]
     Alloc {
         /// The rank.
         rank: usize,
@@ -38,7 +38,7 @@ pub enum MemError {
         /// The buffer.
         buf: Buf,
         /// Why.
-        source: AllocError,
+        cause: AllocError,
     },
     /// The plan refers to a buffer that is not live (a bug in the plan).
     #[error("rank {rank}: {buf:?} is not allocated")]
@@ -97,8 +97,8 @@ impl<D: Device> RankMemory<D> {
         &self.alloc
     }
 
-    fn err(&self, what: &'static str, buf: Buf, source: AllocError) -> MemError {
-        MemError::Alloc { rank: self.rank, what, buf, source }
+    fn err(&self, what: &'static str, buf: Buf, cause: AllocError) -> MemError {
+        MemError::Alloc { rank: self.rank, what, buf, cause }
     }
 
     /// Applies a memory op (`Exec` ops are ignored) through the driver, then
@@ -116,7 +116,7 @@ impl<D: Device> RankMemory<D> {
         let ev = self.numbering.event(op).ok_or(MemError::NotLive { rank, buf })?;
         let driver = &mut self.driver;
         self.alloc.with(|a| driver.apply(a, &ev, None)).map_err(|e| match e {
-            DriveError::Alloc { source, .. } => self.err(what, buf, source),
+            DriveError::Alloc { cause, .. } => self.err(what, buf, cause),
             DriveError::UnknownId { .. } | DriveError::ReusedId { .. } => MemError::NotLive { rank, buf },
         })?;
         match *op {

@@ -13,7 +13,7 @@ pub mod engine;
 pub mod offload;
 pub mod plan;
 
-pub use plan::{Buf, Exec, Op, Plan, StateBytes, ZeroConfig};
+pub use plan::{Buf, Exec, Op, Plan, PlanError, StateBytes, ZeroConfig};
 
 use std::path::{Path, PathBuf};
 

@@ -33,7 +33,7 @@
 //! prefetched next one. A rank that runs more than one micro-batch per step
 //! accumulates in an fp32 buffer of the group's full size (`Acc`, kind temp).
 
-use crate::synth::{Arch, ModelSpec};
+use crate::model::{Arch, ModelError, ModelSpec};
 use crate::trace::Event;
 use crate::types::{Phase, TensorKind};
 
@@ -50,20 +50,46 @@ pub struct ZeroConfig {
     pub micro_batches: usize,
 }
 
+/// Why a ZeRO plan cannot be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// The model description is invalid.
+    #[error("invalid model description: {0}")]
+    Model(ModelError),
+    /// A field of the ZeRO configuration is invalid.
+    #[error("invalid ZeRO configuration: {field} {why}")]
+    Config {
+        /// The field.
+        field: &'static str,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The plan trains in bf16 with fp32 master weights only.
+    #[error("the ZeRO plan trains in bf16 with fp32 master weights: use dtype bf16")]
+    NotMixedPrecision,
+}
+
+impl From<ModelError> for PlanError {
+    fn from(e: ModelError) -> Self {
+        PlanError::Model(e)
+    }
+}
+
 impl ZeroConfig {
     /// Checks the configuration; names the bad field.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), PlanError> {
+        let bad = |field, why: String| Err(PlanError::Config { field, why });
         if self.stage > 3 {
-            return Err(format!("zero stage must be 0, 1, 2 or 3, not {}", self.stage));
+            return bad("stage", format!("must be 0, 1, 2 or 3, not {}", self.stage));
         }
         if self.ranks == 0 || self.ranks > 1 << 20 {
-            return Err(format!("ranks must be between 1 and {}, not {}", 1 << 20, self.ranks));
+            return bad("ranks", format!("must be between 1 and {}, not {}", 1 << 20, self.ranks));
         }
         if self.micro_batches == 0 || !self.micro_batches.is_multiple_of(self.ranks) {
-            return Err(format!(
-                "micro-batches ({}) must be a positive multiple of the ranks ({})",
-                self.micro_batches, self.ranks
-            ));
+            return bad(
+                "micro-batches",
+                format!("({}) must be a positive multiple of the ranks ({})", self.micro_batches, self.ranks),
+            );
         }
         Ok(())
     }
@@ -273,11 +299,11 @@ impl StateBytes {
 
 impl Plan {
     /// The plan of `spec` under `cfg`.
-    pub fn new(spec: &ModelSpec, cfg: ZeroConfig) -> Result<Self, String> {
+    pub fn new(spec: &ModelSpec, cfg: ZeroConfig) -> Result<Self, PlanError> {
         spec.validate()?;
         cfg.validate()?;
         if spec.dtype_bytes != 2 || !spec.master_weights {
-            return Err("the ZeRO plan trains in bf16 with fp32 master weights: use dtype bf16".into());
+            return Err(PlanError::NotMixedPrecision);
         }
         let params = spec.parameters();
         let (prefix, per_layer) = spec.layout();
@@ -749,10 +775,11 @@ mod tests {
     fn bad_configs_are_named() {
         let spec = ModelSpec::preset("tiny").unwrap();
         let e = Plan::new(&spec, ZeroConfig { stage: 4, ranks: 1, offload: false, micro_batches: 1 }).unwrap_err();
-        assert!(e.contains("stage"), "{e}");
+        assert!(matches!(e, PlanError::Config { field: "stage", .. }), "{e}");
         let e = Plan::new(&spec, ZeroConfig { stage: 1, ranks: 4, offload: false, micro_batches: 6 }).unwrap_err();
-        assert!(e.contains("micro-batches"), "{e}");
+        assert!(e.to_string().contains("micro-batches"), "{e}");
         let fp32 = ModelSpec { dtype_bytes: 4, master_weights: false, ..spec };
-        assert!(Plan::new(&fp32, ZeroConfig { stage: 1, ranks: 1, offload: false, micro_batches: 1 }).is_err());
+        let e = Plan::new(&fp32, ZeroConfig { stage: 1, ranks: 1, offload: false, micro_batches: 1 }).unwrap_err();
+        assert_eq!(e, PlanError::NotMixedPrecision);
     }
 }

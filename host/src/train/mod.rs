@@ -19,7 +19,7 @@ pub mod adam;
 pub mod data;
 pub mod gemm;
 pub mod model;
-pub mod run;
+pub mod session;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -28,13 +28,14 @@ use crate::alloc::SharedAllocator;
 use crate::comm::local::local_group;
 use crate::comm::{CommError, Communicator};
 use crate::device::Device;
+use crate::model::{Arch, GptBlock, GptEmbed, GptFinal, Init, ModelSpec};
 use crate::shard::engine::{EventTap, MemError, RankMemory};
 use crate::shard::offload::HostStates;
 use crate::shard::plan::{Act, Buf, Exec, Op, Plan, ZeroConfig};
-use crate::synth::{Arch, ModelSpec};
 use adam::AdamW;
 use data::Markov;
 use model::{round_bf16, Dims};
+use GptBlock::*;
 
 /// A training run's configuration.
 #[derive(Debug, Clone)]
@@ -76,12 +77,15 @@ pub enum TrainError {
     /// The configuration cannot be trained.
     #[error("invalid training configuration: {0}")]
     Config(String),
+    /// The model and ZeRO configuration make no plan.
+    #[error(transparent)]
+    Plan(#[from] crate::shard::PlanError),
     /// A buffer operation failed.
     #[error(transparent)]
     Memory(#[from] MemError),
     /// A collective failed (another rank failed, left, or timed out).
     #[error("collective failed: {0}")]
-    Comm(#[from] CommError),
+    Comm(CommError),
     /// A rank's thread panicked.
     #[error("rank {rank} panicked: {message}")]
     Panicked {
@@ -100,6 +104,12 @@ pub enum TrainError {
         /// What failed.
         message: String,
     },
+}
+
+impl From<CommError> for TrainError {
+    fn from(e: CommError) -> Self {
+        TrainError::Comm(e)
+    }
 }
 
 /// One rank's figures after a step.
@@ -164,7 +174,7 @@ impl<D: Device + 'static> Trainer<D> {
         if cfg.spec.arch != Arch::Gpt2 || cfg.spec.heads != cfg.spec.kv_heads {
             return Err(TrainError::Config("the trainer runs GPT models (preset tiny or gpt2-124m)".into()));
         }
-        let plan = Plan::new(&cfg.spec, cfg.zero).map_err(TrainError::Config)?;
+        let plan = Plan::new(&cfg.spec, cfg.zero)?;
         if allocators.len() != cfg.zero.ranks {
             return Err(TrainError::Config(format!("{} allocators for {} ranks", allocators.len(), cfg.zero.ranks)));
         }
@@ -281,6 +291,16 @@ impl<D: Device + 'static> Trainer<D> {
     }
 }
 
+/// Position of the output head in group `g` (the plan's head group): the
+/// token embedding when tied (group 0), else the final group's head.
+fn head_index(g: usize) -> usize {
+    if g == 0 {
+        GptEmbed::Tokens as usize
+    } else {
+        GptFinal::Head as usize
+    }
+}
+
 /// What every rank shares.
 struct RankCtx<'a, D: Device> {
     cfg: &'a TrainConfig,
@@ -339,32 +359,21 @@ impl<'a, D: Device> Rank<'a, D> {
         let layers = plan.layers();
         let proj_scale = 1.0 / (2.0 * layers.max(1) as f32).sqrt();
         for (i, &n) in gr.tensors.iter().enumerate() {
-            // Within a block: 0,1 ln1; 6,7 ln2 (weight, bias); even-numbered
-            // vectors after matrices are biases. The final group starts with
-            // the final norm.
-            let (is_norm_w, is_zero, scale) = if g == 0 {
-                (false, false, 1.0)
+            // The embeddings (group 0) are random; a block's and the final
+            // group's tensors are initialized by their role in the layout.
+            let init = if g == 0 {
+                Init::Normal
             } else if g <= layers {
-                match i {
-                    0 | 6 => (true, false, 1.0),
-                    1 | 7 | 3 | 5 | 9 | 11 => (false, true, 1.0),
-                    4 | 10 => (false, false, proj_scale),
-                    _ => (false, false, 1.0),
-                }
+                GptBlock::ALL[i].init()
             } else {
-                match i {
-                    0 => (true, false, 1.0),
-                    1 => (false, true, 1.0),
-                    _ => (false, false, 1.0),
-                }
+                [GptFinal::NormWeight, GptFinal::NormBias, GptFinal::Head][i].init()
             };
             for _ in 0..n {
-                v.push(if is_norm_w {
-                    1.0
-                } else if is_zero {
-                    0.0
-                } else {
-                    (rng.rand_float() * 2.0 - 1.0) * 0.02 * 3f32.sqrt() * scale
+                v.push(match init {
+                    Init::Ones => 1.0,
+                    Init::Zeros => 0.0,
+                    Init::Normal => (rng.rand_float() * 2.0 - 1.0) * 0.02 * 3f32.sqrt(),
+                    Init::ResidualNormal => (rng.rand_float() * 2.0 - 1.0) * 0.02 * 3f32.sqrt() * proj_scale,
                 });
             }
         }
@@ -463,6 +472,7 @@ impl<'a, D: Device> Rank<'a, D> {
         Ok(self.mem.read_bf16(self.ctx.plan.weights(g), 0, n)?)
     }
 
+    /// Tensor `i` (its position in the group's layout) of group `g`'s weights `w`.
     fn tensor<'w>(&self, w: &'w [f32], g: usize, i: usize) -> &'w [f32] {
         let at = self.offsets[g][i] as usize;
         &w[at..at + self.ctx.plan.groups[g].tensors[i] as usize]
@@ -489,7 +499,8 @@ impl<'a, D: Device> Rank<'a, D> {
             }
             Exec::EmbedFwd => {
                 let w = self.weights(0)?;
-                let (wte, wpe) = (self.tensor(&w, 0, 0), self.tensor(&w, 0, 1));
+                let (wte, wpe) =
+                    (self.tensor(&w, 0, GptEmbed::Tokens as usize), self.tensor(&w, 0, GptEmbed::Positions as usize));
                 let x = self.mem.read_u32(Buf::Tokens, 0, t)?;
                 let mut out = vec![0.0; t * h];
                 for (i, &tok) in x.iter().enumerate() {
@@ -505,7 +516,8 @@ impl<'a, D: Device> Rank<'a, D> {
             Exec::FinalFwd => {
                 let w = self.weights(last)?;
                 let x = self.mem.read_bf16(Buf::Hidden(last - 1), 0, t * h)?;
-                let (mut y, mean, rstd) = model::layernorm(&x, self.tensor(&w, last, 0), self.tensor(&w, last, 1), h);
+                let (g, b) = (GptFinal::NormWeight as usize, GptFinal::NormBias as usize);
+                let (mut y, mean, rstd) = model::layernorm(&x, self.tensor(&w, last, g), self.tensor(&w, last, b), h);
                 round_bf16(&mut y);
                 self.mem.write_bf16(Buf::Normed, 0, &y)?;
                 self.mem.write_f32(Buf::NormedMean, 0, &mean)?;
@@ -514,7 +526,7 @@ impl<'a, D: Device> Rank<'a, D> {
             Exec::HeadLoss => {
                 let hg = plan.head_group();
                 let w = self.weights(hg)?;
-                let head = self.tensor(&w, hg, if hg == 0 { 0 } else { 2 });
+                let head = self.tensor(&w, hg, head_index(hg));
                 let x = self.mem.read_bf16(Buf::Normed, 0, t * h)?;
                 let mut logits = vec![0.0; t * v];
                 gemm::matmul(&x, false, head, true, &mut logits, t, h, v, 0.0);
@@ -526,7 +538,7 @@ impl<'a, D: Device> Rank<'a, D> {
             Exec::HeadBwd => {
                 let hg = plan.head_group();
                 let w = self.weights(hg)?;
-                let ti = if hg == 0 { 0 } else { 2 };
+                let ti = head_index(hg);
                 let head = self.tensor(&w, hg, ti);
                 let dl = self.mem.read_f32(Buf::Logits, 0, t * v)?;
                 let x = self.mem.read_bf16(Buf::Normed, 0, t * h)?;
@@ -552,7 +564,8 @@ impl<'a, D: Device> Rank<'a, D> {
                 let rstd = self.mem.read_f32(Buf::NormedRstd, 0, t)?;
                 let mut dgb = vec![0.0; 2 * h];
                 let (dg, db) = dgb.split_at_mut(h);
-                let dx = model::layernorm_bwd(&dy, &x, &mean, &rstd, self.tensor(&w, last, 0), dg, db);
+                let gamma = self.tensor(&w, last, GptFinal::NormWeight as usize);
+                let dx = model::layernorm_bwd(&dy, &x, &mean, &rstd, gamma, dg, db);
                 self.mem.write_f32(Buf::DHidden(last - 1), 0, &dx)?;
                 self.mem.write_bf16(plan.grad_full(last), 0, &dgb)?;
             }
@@ -562,7 +575,7 @@ impl<'a, D: Device> Rank<'a, D> {
                 let n = plan.groups[0].padded as usize;
                 let mut g =
                     if plan.head_group() == 0 { self.mem.read_bf16(plan.grad_full(0), 0, n)? } else { vec![0.0; n] };
-                let wpe_at = self.offsets[0][1] as usize;
+                let wpe_at = self.offsets[0][GptEmbed::Positions as usize] as usize;
                 for (i, &tok) in x.iter().enumerate() {
                     let pos = i % d.seq;
                     for c in 0..h {
@@ -655,29 +668,29 @@ impl<'a, D: Device> Rank<'a, D> {
         let d = self.dims;
         let (t, h, i) = (d.tokens(), d.hidden, d.inter);
         let w = self.weights(l)?;
-        let p = |k: usize| self.tensor(&w, l, k);
+        let p = |k: GptBlock| self.tensor(&w, l, k.index());
         let x = self.mem.read_bf16(Buf::Hidden(l - 1), 0, t * h)?;
-        let (mut ln1, m1, r1) = model::layernorm(&x, p(0), p(1), h);
+        let (mut ln1, m1, r1) = model::layernorm(&x, p(Ln1Weight), p(Ln1Bias), h);
         self.save_bf16(l, Act::Ln1, &mut ln1)?;
         self.mem.write_f32(Buf::Saved(l, Act::Ln1Mean), 0, &m1)?;
         self.mem.write_f32(Buf::Saved(l, Act::Ln1Rstd), 0, &r1)?;
-        let mut qkv = model::linear(&ln1, p(2), p(3), h, 3 * h);
+        let mut qkv = model::linear(&ln1, p(QkvWeight), p(QkvBias), h, 3 * h);
         self.save_bf16(l, Act::Qkv, &mut qkv)?;
         let (mut att, lse) = model::attention(&qkv, &d);
         self.save_bf16(l, Act::Attn, &mut att)?;
         self.mem.write_f32(Buf::Saved(l, Act::Lse), 0, &lse)?;
-        let proj = model::linear(&att, p(4), p(5), h, h);
+        let proj = model::linear(&att, p(ProjWeight), p(ProjBias), h, h);
         let mut resid: Vec<f32> = x.iter().zip(&proj).map(|(a, b)| a + b).collect();
         self.save_bf16(l, Act::Resid, &mut resid)?;
-        let (mut ln2, m2, r2) = model::layernorm(&resid, p(6), p(7), h);
+        let (mut ln2, m2, r2) = model::layernorm(&resid, p(Ln2Weight), p(Ln2Bias), h);
         self.save_bf16(l, Act::Ln2, &mut ln2)?;
         self.mem.write_f32(Buf::Saved(l, Act::Ln2Mean), 0, &m2)?;
         self.mem.write_f32(Buf::Saved(l, Act::Ln2Rstd), 0, &r2)?;
-        let mut fc = model::linear(&ln2, p(8), p(9), h, i);
+        let mut fc = model::linear(&ln2, p(FcWeight), p(FcBias), h, i);
         self.save_bf16(l, Act::Fc, &mut fc)?;
         let mut ge = model::gelu(&fc);
         self.save_bf16(l, Act::Gelu, &mut ge)?;
-        let mlp = model::linear(&ge, p(10), p(11), i, h);
+        let mlp = model::linear(&ge, p(MlpWeight), p(MlpBias), i, h);
         let out: Vec<f32> = resid.iter().zip(&mlp).map(|(a, b)| a + b).collect();
         self.mem.write_bf16(Buf::Hidden(l), 0, &out)?;
         Ok(())
@@ -688,17 +701,19 @@ impl<'a, D: Device> Rank<'a, D> {
         let d = self.dims;
         let (t, h, i) = (d.tokens(), d.hidden, d.inter);
         let w = self.weights(l)?;
-        let p = |k: usize| self.tensor(&w, l, k);
+        let p = |k: GptBlock| self.tensor(&w, l, k.index());
         let gr = &plan.groups[l];
         let mut grads = vec![0.0f32; gr.padded as usize];
-        let sizes: Vec<usize> = gr.tensors.iter().map(|&n| n as usize).collect();
-        let mut parts: Vec<&mut [f32]> = Vec::with_capacity(12);
+        // One gradient slice per tensor, named by the block's layout.
+        let mut parts: Vec<&mut [f32]> = Vec::with_capacity(GptBlock::ALL.len());
         let mut rest: &mut [f32] = &mut grads;
-        for &n in &sizes {
-            let (a, b) = rest.split_at_mut(n);
+        for &n in &gr.tensors {
+            let (a, b) = rest.split_at_mut(n as usize);
             parts.push(a);
             rest = b;
         }
+        let [d_ln1_w, d_ln1_b, d_qkv_w, d_qkv_b, d_proj_w, d_proj_b, d_ln2_w, d_ln2_b, d_fc_w, d_fc_b, d_mlp_w, d_mlp_b]: [&mut [f32]; 12] =
+            parts.try_into().expect("a GPT block has the 12 tensors of GptBlock::ALL");
         let dy = self.mem.read_f32(Buf::DHidden(l), 0, t * h)?;
         // MLP.
         let ge = self.saved_bf16(l, Act::Gelu, t * i)?;
@@ -707,33 +722,23 @@ impl<'a, D: Device> Rank<'a, D> {
         let resid = self.saved_bf16(l, Act::Resid, t * h)?;
         let m2 = self.mem.read_f32(Buf::Saved(l, Act::Ln2Mean), 0, t)?;
         let r2 = self.mem.read_f32(Buf::Saved(l, Act::Ln2Rstd), 0, t)?;
-        let (p0_5, p6_11) = parts.split_at_mut(6);
-        let (w10, w11) = p6_11.split_at_mut(5);
-        let dge = model::linear_bwd(&dy, &ge, p(10), i, h, w10[4], w11[0]);
+        let dge = model::linear_bwd(&dy, &ge, p(MlpWeight), i, h, d_mlp_w, d_mlp_b);
         let dfc = model::gelu_bwd(&dge, &fc);
-        let (w6_7, w8_9) = w10.split_at_mut(2);
-        let (w8, w9) = w8_9.split_at_mut(1);
-        let dln2 = model::linear_bwd(&dfc, &ln2, p(8), h, i, w8[0], w9[0]);
-        let (w6, w7) = w6_7.split_at_mut(1);
-        let dres_ln = model::layernorm_bwd(&dln2, &resid, &m2, &r2, p(6), w6[0], w7[0]);
+        let dln2 = model::linear_bwd(&dfc, &ln2, p(FcWeight), h, i, d_fc_w, d_fc_b);
+        let dres_ln = model::layernorm_bwd(&dln2, &resid, &m2, &r2, p(Ln2Weight), d_ln2_w, d_ln2_b);
         let dresid: Vec<f32> = dy.iter().zip(&dres_ln).map(|(a, b)| a + b).collect();
         // Attention.
         let att = self.saved_bf16(l, Act::Attn, t * h)?;
-        let (w0_3, w4_5) = p0_5.split_at_mut(4);
-        let (w4, w5) = w4_5.split_at_mut(1);
-        let datt = model::linear_bwd(&dresid, &att, p(4), h, h, w4[0], w5[0]);
+        let datt = model::linear_bwd(&dresid, &att, p(ProjWeight), h, h, d_proj_w, d_proj_b);
         let qkv = self.saved_bf16(l, Act::Qkv, t * 3 * h)?;
         let lse = self.mem.read_f32(Buf::Saved(l, Act::Lse), 0, d.batch * d.heads * d.seq)?;
         let dqkv = model::attention_bwd(&datt, &qkv, &lse, &d);
         let ln1 = self.saved_bf16(l, Act::Ln1, t * h)?;
-        let (w0_1, w2_3) = w0_3.split_at_mut(2);
-        let (w2, w3) = w2_3.split_at_mut(1);
-        let dln1 = model::linear_bwd(&dqkv, &ln1, p(2), h, 3 * h, w2[0], w3[0]);
+        let dln1 = model::linear_bwd(&dqkv, &ln1, p(QkvWeight), h, 3 * h, d_qkv_w, d_qkv_b);
         let x = self.mem.read_bf16(Buf::Hidden(l - 1), 0, t * h)?;
         let m1 = self.mem.read_f32(Buf::Saved(l, Act::Ln1Mean), 0, t)?;
         let r1 = self.mem.read_f32(Buf::Saved(l, Act::Ln1Rstd), 0, t)?;
-        let (w0, w1) = w0_1.split_at_mut(1);
-        let dx_ln = model::layernorm_bwd(&dln1, &x, &m1, &r1, p(0), w0[0], w1[0]);
+        let dx_ln = model::layernorm_bwd(&dln1, &x, &m1, &r1, p(Ln1Weight), d_ln1_w, d_ln1_b);
         let dx: Vec<f32> = dresid.iter().zip(&dx_ln).map(|(a, b)| a + b).collect();
         self.mem.write_f32(Buf::DHidden(l - 1), 0, &dx)?;
         self.mem.write_bf16(plan.grad_full(l), 0, &grads)?;

@@ -1,0 +1,321 @@
+//! The `wasmem` command line: clap arguments → library options → a session
+//! of the library → the report (`wasmem::report`). No engine logic lives here.
+
+mod args;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use rayon::prelude::*;
+
+use args::{Cli, Command, Common, CtlCommand, DeviceKind, PolicyCommand, TrainArgs};
+use wasmem::device::cuda::CudaDevice;
+use wasmem::device::sim::{SimConfig, SimDevice};
+use wasmem::policy::{Limits, Runtime, RuntimeConfig};
+use wasmem::report;
+use wasmem::session::{self, DeviceChoice, ReplayOptions, ReplayOutcome};
+use wasmem::spec::Loader;
+use wasmem::trace::TraceHeader;
+use wasmem::train::session::{TrainOptions, TrainSession};
+use wasmem::workload::{Source, Workload};
+
+/// The policy runtime of this process (one engine, one artifact cache).
+fn runtime(deadline_ms: f64) -> Result<&'static Runtime> {
+    static RT: std::sync::OnceLock<Runtime> = std::sync::OnceLock::new();
+    if let Some(rt) = RT.get() {
+        return Ok(rt);
+    }
+    if !(deadline_ms.is_finite() && deadline_ms > 0.0) {
+        bail!("--deadline-ms must be a positive number of milliseconds, not {deadline_ms}");
+    }
+    let rt = Runtime::new(RuntimeConfig {
+        limits: Limits { deadline: Some(Duration::from_secs_f64(deadline_ms / 1e3)), ..Limits::default() },
+        ..RuntimeConfig::default()
+    })?;
+    Ok(RT.get_or_init(|| rt))
+}
+
+/// The workloads named on the command line, each opened once.
+fn workloads(common: &Common) -> Result<Vec<Workload>> {
+    let sources: Vec<Source> = common
+        .traces
+        .iter()
+        .cloned()
+        .map(Source::File)
+        .chain(common.synth.iter().cloned().map(Source::Synth))
+        .collect();
+    if sources.is_empty() {
+        bail!("give at least one trace file or --synth PRESET");
+    }
+    sources.iter().map(|s| Ok(Workload::open(s)?)).collect()
+}
+
+/// The replay options every run of a command shares.
+fn replay_options(common: &Common) -> Result<ReplayOptions> {
+    let device = match common.device {
+        DeviceKind::Sim => DeviceChoice::Sim { capacity: common.device_mem },
+        DeviceKind::Cuda => DeviceChoice::Cuda { ordinal: 0 },
+    };
+    Ok(ReplayOptions { device, tiers: common.tiers.config()?, ..ReplayOptions::default() })
+}
+
+fn replay(common: Common, policy: String, export: Option<std::path::PathBuf>, shadow: Option<String>) -> Result<()> {
+    let rt = runtime(common.deadline_ms)?;
+    for spec in std::iter::once(&policy).chain(&shadow) {
+        session::check_spec(spec, rt)?;
+    }
+    let ins = workloads(&common)?;
+    if export.is_some() && ins.len() != 1 {
+        bail!("--export-snapshot takes exactly one input ({} given)", ins.len());
+    }
+    let opts = ReplayOptions { shadow, export: export.is_some(), ..replay_options(&common)? };
+    let progress = !common.json && std::io::stderr().is_terminal();
+    for w in &ins {
+        let bar = progress.then(|| {
+            let b = indicatif::ProgressBar::new_spinner();
+            b.set_message(format!("{} · {policy}", w.name()));
+            b
+        });
+        let tick = |n: u64| {
+            if let Some(b) = &bar {
+                b.set_position(n);
+            }
+        };
+        let out = session::run(w, &policy, &opts, rt, &tick)?;
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        if let (Some(path), Some(snap)) = (&export, &out.snapshot) {
+            wasmem::trace::snapshot::export::export_file(path, snap)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            eprintln!(
+                "wrote snapshot {} ({} segments, {} trace entries)",
+                path.display(),
+                snap.segments.len(),
+                snap.trace.len()
+            );
+        }
+        if common.json {
+            println!("{}", report::replay_json(&out));
+        } else {
+            print!("{}", report::replay_text(&out));
+        }
+    }
+    Ok(())
+}
+
+fn compare(
+    common: Common,
+    policies: Vec<String>,
+    plot: Option<std::path::PathBuf>,
+    swap_at: Option<(u64, String)>,
+) -> Result<()> {
+    if policies.is_empty() {
+        bail!("give at least one --policy");
+    }
+    let rt = runtime(common.deadline_ms)?;
+    for spec in policies.iter().chain(swap_at.as_ref().map(|(_, p)| p)) {
+        session::check_spec(spec, rt)?;
+    }
+    let ins = workloads(&common)?;
+    let opts = ReplayOptions {
+        sample_every: if plot.is_some() { 8 } else { 0 },
+        swap: swap_at.clone(),
+        ..replay_options(&common)?
+    };
+    let pairs: Vec<(usize, usize)> = (0..ins.len()).flat_map(|t| (0..policies.len()).map(move |p| (t, p))).collect();
+    let results: Vec<Result<ReplayOutcome, session::SessionError>> =
+        pairs.par_iter().map(|&(t, p)| session::run(&ins[t], &policies[p], &opts, rt, &|_| {})).collect();
+    let mut it = results.into_iter();
+    let mut charts: Vec<Vec<ReplayOutcome>> = Vec::new();
+    for _ in &ins {
+        let outs =
+            (0..policies.len()).map(|_| it.next().expect("one result per pair")).collect::<Result<Vec<_>, _>>()?;
+        if common.json {
+            for o in &outs {
+                println!("{}", report::replay_json(o));
+            }
+        } else {
+            print!("{}", report::compare_text(&outs, swap_at.as_ref().map(|(_, to)| to.as_str())));
+        }
+        charts.push(outs);
+    }
+    if let Some(path) = &plot {
+        let series: Vec<(String, Vec<wasmem::plot::Series<'_>>)> = charts
+            .iter()
+            .map(|outs| {
+                let s = outs.iter().map(|o| wasmem::plot::Series { label: &o.policy, samples: &o.samples }).collect();
+                (outs[0].workload.clone(), s)
+            })
+            .collect();
+        wasmem::plot::draw(path, &series)?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn synth(cmd: Command) -> Result<()> {
+    let Command::Synth { model, output, zero, ranks, rank } = cmd else { unreachable!("synth commands only") };
+    let spec = model.spec("gpt2-124m")?;
+    let Some(stage) = zero else {
+        if ranks.ranks != 1 || ranks.offload.is_some() || ranks.micro_batches.is_some() || rank.is_some() {
+            bail!("--ranks, --rank, --offload and --micro-batches describe a ZeRO plan: add --zero STAGE");
+        }
+        let events = wasmem::synth::synth(&spec)?;
+        let header = TraceHeader { source: format!("wasmem synth: {}", serde_json::to_string(&spec)?), ranks: 1 };
+        wasmem::trace::write_file(&output, &header, &events)
+            .with_context(|| format!("cannot write {}", output.display()))?;
+        eprintln!("wrote {} events ({} parameters) to {}", events.len(), spec.parameter_count(), output.display());
+        return Ok(());
+    };
+    let cfg = ranks.config(stage, ranks.ranks)?;
+    if let Some(r) = rank.filter(|&r| r >= cfg.ranks) {
+        bail!("--rank {r} is not a rank of {} ranks", cfg.ranks);
+    }
+    let plan = wasmem::shard::Plan::new(&spec, cfg)?;
+    let source = format!("wasmem synth --zero {stage}: {cfg:?} {}", serde_json::to_string(&spec)?);
+    let files = wasmem::shard::write_traces(&plan, spec.steps, &output, rank, &source)
+        .with_context(|| format!("cannot write {}", output.display()))?;
+    let s = plan.state_bytes();
+    eprintln!(
+        "wrote {} trace(s) of {} events ({} parameters; model states/rank {} device + {} host) to {}",
+        files.len(),
+        files.first().map_or(0, |f| f.1),
+        plan.parameters(),
+        wasmem::types::human_bytes(s.device()),
+        wasmem::types::human_bytes(s.host),
+        files.first().map_or(output.display().to_string(), |f| f.0.display().to_string()),
+    );
+    Ok(())
+}
+
+fn train(t: TrainArgs) -> Result<()> {
+    let spec = t.model.spec("tiny")?;
+    let zero = t.ranks.config(t.zero, t.ranks.ranks * 4usize.div_ceil(t.ranks.ranks.max(1)))?;
+    let mut config = wasmem::train::TrainConfig::new(spec.clone(), zero, spec.steps);
+    config.seed = t.seed;
+    config.adam.lr = t.lr;
+    let opts = TrainOptions {
+        config,
+        policy: t.policy,
+        swap_at: t.swap_at,
+        record: t.record,
+        shadow: t.shadow,
+        ctl: t.ctl.map(|p| p.unwrap_or_else(wasmem::ctl::default_socket_path)),
+        device_capacity: t.device_mem,
+    };
+    let loader: Loader = Arc::new(runtime(t.deadline_ms)?.clone());
+    let json = t.json;
+    let on_step = move |v: &wasmem::train::session::StepView<'_>| {
+        // Printed as the run goes, from the rank that completes the step.
+        if json {
+            println!("{}", report::train::step_json(v));
+        } else {
+            println!("{}", report::train::step_text(v));
+        }
+    };
+    let outcome = match t.device {
+        DeviceKind::Sim => {
+            let sim = SimConfig { capacity: t.device_mem, host_backed: true, ..SimConfig::default() };
+            let s = TrainSession::prepare(opts, loader, |_| Ok(SimDevice::new(sim)))?;
+            announce(s.ctl_path());
+            s.run(on_step)?
+        }
+        DeviceKind::Cuda => {
+            let s = TrainSession::prepare(opts, loader, |_| CudaDevice::new(0)).context("--device cuda")?;
+            announce(s.ctl_path());
+            s.run(on_step).context("--device cuda")?
+        }
+    };
+    if json {
+        println!("{}", report::train::summary_json(&outcome));
+    } else {
+        print!("{}", report::train::summary_text(&outcome));
+    }
+    Ok(())
+}
+
+fn announce(ctl: Option<&std::path::Path>) {
+    if let Some(p) = ctl {
+        eprintln!("control socket: {} (wasmem ctl --socket {} status)", p.display(), p.display());
+    }
+}
+
+fn ctl(socket: Option<std::path::PathBuf>, cmd: CtlCommand) -> Result<()> {
+    let path = wasmem::ctl::choose_socket(socket.as_deref())?;
+    // A swap may compile a policy before it answers.
+    let timeout = Duration::from_secs(120);
+    match cmd {
+        CtlCommand::Swap { role, policy } => {
+            let v = wasmem::ctl::request(&path, &wasmem::ctl::Request::Swap { role, policy }, timeout)?;
+            let o: wasmem::ctl::SwapOutcome = serde_json::from_value(v)?;
+            for ((r, old), new) in o.roles.iter().zip(&o.old).zip(&o.new) {
+                println!("{r}: {old} → {new} on {} rank(s), from the next decision", o.ranks);
+            }
+        }
+        CtlCommand::Status { json } => {
+            let v = wasmem::ctl::request(&path, &wasmem::ctl::Request::Status, timeout)?;
+            if json {
+                println!("{v}");
+            } else {
+                let s: wasmem::ctl::Status = serde_json::from_value(v)?;
+                print!("{}", wasmem::ctl::render_status(&s));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Command::Replay { common, policy, export_snapshot, shadow } => replay(common, policy, export_snapshot, shadow),
+        Command::Compare { common, policies, plot, swap_at } => compare(common, policies, plot, swap_at),
+        Command::Policy { cmd: PolicyCommand::Check { file, deadline_ms, config } } => {
+            let opts = wasmem::policy::check::CheckOptions { config, ..Default::default() };
+            let verdict = wasmem::policy::check::check_with(runtime(deadline_ms)?, &file, &opts);
+            print!("{verdict}");
+            if !verdict.passed() {
+                bail!("{} failed the conformance suite", file.display());
+            }
+            Ok(())
+        }
+        cmd @ Command::Synth { .. } => synth(cmd),
+        Command::Train(t) => train(t),
+        Command::Ctl { socket, cmd } => ctl(socket, cmd),
+    }
+}
+
+/// An error and its causes, each said once (a cause whose text the message
+/// already contains is not repeated).
+fn render(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let m = cause.to_string();
+        if out.contains(&m) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&m);
+    }
+    out
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("WASMEM_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", render(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
