@@ -164,14 +164,14 @@ proptest! {
                 Action::Phase(p) => a.phase(Phase::ALL[p], 0).unwrap(),
                 _ => {}
             }
-            a.check_invariants().map_err(TestCaseError::fail)?;
+            a.check_invariants().map_err(|e| TestCaseError::fail(e.0))?;
         }
         prop_assert_eq!(a.stats().ooms, 0);
         // Every survivor, wherever it is, still has its bytes.
         for &(id, bytes, seed) in &live {
             check_contents(&mut a, id, bytes, seed)?;
         }
-        a.check_invariants().map_err(TestCaseError::fail)?;
+        a.check_invariants().map_err(|e| TestCaseError::fail(e.0))?;
         let ts = a.tier_stats();
         prop_assert!(ts.peak_host_bytes <= host_kib * 1024);
         let _ = moved_off;

@@ -24,7 +24,7 @@ impl<D: Device> Allocator<D> {
     /// A tensor off the device is brought back first.
     pub fn pin(&mut self, id: TensorId) -> Result<(), AllocError> {
         self.ensure_resident(id)?;
-        *self.pins.entry(id.slot).or_insert(0) += 1;
+        *self.tensors.pins.entry(id.slot).or_insert(0) += 1;
         Ok(())
     }
 
@@ -32,10 +32,10 @@ impl<D: Device> Allocator<D> {
     /// does nothing.
     pub fn unpin(&mut self, id: TensorId) -> Result<(), AllocError> {
         self.tensors.get(id).ok_or(AllocError::UnknownTensor(id))?;
-        if let Some(n) = self.pins.get_mut(&id.slot) {
+        if let Some(n) = self.tensors.pins.get_mut(&id.slot) {
             *n -= 1;
             if *n == 0 {
-                self.pins.remove(&id.slot);
+                self.tensors.pins.remove(&id.slot);
             }
         }
         Ok(())
@@ -43,7 +43,7 @@ impl<D: Device> Allocator<D> {
 
     /// Whether a live tensor is pinned.
     pub fn is_pinned(&self, id: TensorId) -> bool {
-        self.tensors.get(id).is_some() && self.pins.contains_key(&id.slot)
+        self.tensors.get(id).is_some() && self.tensors.pins.contains_key(&id.slot)
     }
 
     /// Moves live blocks of pool `pool` out of its sparsest segments into free
@@ -51,10 +51,11 @@ impl<D: Device> Allocator<D> {
     /// `byte_budget` bytes, then releases the segments left empty. Returns
     /// the bytes moved. An unknown pool is an error and changes nothing.
     pub fn compact(&mut self, pool: &str, byte_budget: u64) -> Result<u64, AllocError> {
-        let p = self.pools.iter().position(|x| x.name == pool).ok_or_else(|| AllocError::UnknownPool(pool.into()))?;
+        let p =
+            self.arena.pools.iter().position(|x| x.name == pool).ok_or_else(|| AllocError::UnknownPool(pool.into()))?;
         let p = p as u32;
         let mut streams: Vec<StreamId> =
-            self.segments.iter().filter(|(_, s)| s.pool == p).map(|(_, s)| s.stream).collect();
+            self.arena.segments.iter().filter(|(_, s)| s.pool == p).map(|(_, s)| s.stream).collect();
         streams.sort();
         streams.dedup();
         let t0 = self.device.counters().time_us;
@@ -82,9 +83,9 @@ impl<D: Device> Allocator<D> {
     /// Bytes of blocks holding tensors in a segment.
     fn segment_used(&self, seg: u32) -> u64 {
         let mut used = 0;
-        let mut b = self.segments.get(seg).first;
+        let mut b = self.arena.segments.get(seg).first;
         while b != NIL {
-            let blk = self.blocks.get(b);
+            let blk = self.arena.blocks.get(b);
             if !blk.is_free() {
                 used += blk.size;
             }
@@ -96,6 +97,7 @@ impl<D: Device> Allocator<D> {
     /// Compacts the segments of one pool and stream; returns (moved, released) bytes.
     fn compact_stream(&mut self, pool: u32, stream: StreamId, budget: u64) -> Result<(u64, u64), AllocError> {
         let mut order: Vec<(u64, u64, u32)> = self
+            .arena
             .segments
             .iter()
             .filter(|(_, s)| s.pool == pool && s.stream == stream)
@@ -115,20 +117,21 @@ impl<D: Device> Allocator<D> {
             }
             // Move the first live block until none is left or one cannot move.
             // (A move may merge and remove blocks, so the walk restarts each time.)
-            while let Some(seg) = self.segments.try_get(src).copied() {
+            while let Some(seg) = self.arena.segments.try_get(src).copied() {
                 let mut b = seg.first;
-                while b != NIL && self.blocks.get(b).is_free() {
-                    b = self.blocks.get(b).next;
+                while b != NIL && self.arena.blocks.get(b).is_free() {
+                    b = self.arena.blocks.get(b).next;
                 }
                 if b == NIL {
-                    let first = *self.blocks.get(seg.first);
-                    self.pools[pool as usize].free.remove(&(seg.stream, first.size, seg.base, seg.first));
+                    let first = *self.arena.blocks.get(seg.first);
+                    self.arena.pools[pool as usize].free.remove(&(seg.stream, first.size, seg.base, seg.first));
                     self.release_segment(src)?;
                     released += seg.size;
                     break;
                 }
-                let blk = *self.blocks.get(b);
-                let movable = self.tensors.by_slot(blk.tensor).is_some() && !self.pins.contains_key(&blk.tensor);
+                let blk = *self.arena.blocks.get(b);
+                let movable =
+                    self.tensors.by_slot(blk.tensor).is_some() && !self.tensors.pins.contains_key(&blk.tensor);
                 if !movable || moved + blk.size > budget {
                     break;
                 }
@@ -147,10 +150,10 @@ impl<D: Device> Allocator<D> {
     fn find_target(&self, targets: &[u32], size: u64) -> Option<u32> {
         let mut best: Option<(u64, u64, u32)> = None;
         for &t in targets {
-            let seg = self.segments.get(t);
+            let seg = self.arena.segments.get(t);
             let mut b = seg.first;
             while b != NIL {
-                let blk = self.blocks.get(b);
+                let blk = self.arena.blocks.get(b);
                 if blk.is_free() && blk.size >= size {
                     let key = (blk.size, seg.base + blk.offset, b);
                     if best.is_none_or(|x| key < x) {
@@ -166,18 +169,18 @@ impl<D: Device> Allocator<D> {
     /// Moves the tensor in block `src` into the free block `dst` (split to
     /// size), copying its bytes on `stream`; `src` returns to its pool.
     fn move_block(&mut self, src: u32, dst: u32, stream: StreamId) -> Result<(), AllocError> {
-        let s = *self.blocks.get(src);
-        let d = *self.blocks.get(dst);
-        let dseg = *self.segments.get(d.segment);
+        let s = *self.arena.blocks.get(src);
+        let d = *self.arena.blocks.get(dst);
+        let dseg = *self.arena.segments.get(d.segment);
         let pool = dseg.pool as usize;
         let (_, t) = self.tensors.by_slot(s.tensor).expect("a movable block holds a live tensor");
         let copy_bytes = t.bytes;
-        let src_addr = self.segments.get(s.segment).base + s.offset;
+        let src_addr = self.arena.segments.get(s.segment).base + s.offset;
         let dst_addr = dseg.base + d.offset;
         self.device.copy(dst_addr, src_addr, copy_bytes, stream)?;
-        self.pools[pool].free.remove(&(dseg.stream, d.size, dst_addr, dst));
+        self.arena.pools[pool].free.remove(&(dseg.stream, d.size, dst_addr, dst));
         if d.size > s.size {
-            let rest = self.blocks.insert(Block {
+            let rest = self.arena.blocks.insert(Block {
                 segment: d.segment,
                 offset: d.offset + s.size,
                 size: d.size - s.size,
@@ -186,17 +189,17 @@ impl<D: Device> Allocator<D> {
                 tensor: NIL,
             });
             if d.next != NIL {
-                self.blocks.get_mut(d.next).prev = rest;
+                self.arena.blocks.get_mut(d.next).prev = rest;
             }
-            let db = self.blocks.get_mut(dst);
+            let db = self.arena.blocks.get_mut(dst);
             db.next = rest;
             db.size = s.size;
-            self.pools[pool].free.insert((dseg.stream, d.size - s.size, dst_addr + s.size, rest));
+            self.arena.pools[pool].free.insert((dseg.stream, d.size - s.size, dst_addr + s.size, rest));
         }
-        self.blocks.get_mut(dst).tensor = s.tensor;
+        self.arena.blocks.get_mut(dst).tensor = s.tensor;
         let (id, _) = self.tensors.by_slot(s.tensor).expect("checked");
         self.tensors.get_mut(id).expect("live").block = dst;
-        self.blocks.get_mut(src).tensor = NIL;
+        self.arena.blocks.get_mut(src).tensor = NIL;
         self.return_block(src)
     }
 }

@@ -33,6 +33,15 @@ pub(crate) struct PendingFree {
     pub events: Vec<EventId>,
 }
 
+/// The deferred-free part of the allocator.
+#[derive(Debug, Default)]
+pub(crate) struct Deferred {
+    /// Other streams each cross-stream tensor was used on (by handle slot).
+    pub cross_uses: rustc_hash::FxHashMap<u32, Vec<StreamId>>,
+    /// Freed blocks waiting on stream events.
+    pub pending: Vec<PendingFree>,
+}
+
 /// A read-only view of one pending block.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingView {
@@ -66,11 +75,11 @@ impl<D: Device> Allocator<D> {
             self.destroy_events(&events)?;
             return Ok(false);
         }
-        let b = self.blocks.get_mut(blk);
+        let b = self.arena.blocks.get_mut(blk);
         b.tensor = PENDING;
         self.stats.pending_bytes += b.size;
         self.stats.deferred_frees += 1;
-        self.pending.push(PendingFree { block: blk, events });
+        self.deferred.pending.push(PendingFree { block: blk, events });
         Ok(true)
     }
 
@@ -95,18 +104,18 @@ impl<D: Device> Allocator<D> {
     pub fn poll_pending(&mut self) -> Result<usize, AllocError> {
         let mut i = 0;
         let mut returned = 0;
-        while i < self.pending.len() {
-            let events = std::mem::take(&mut self.pending[i].events);
+        while i < self.deferred.pending.len() {
+            let events = std::mem::take(&mut self.deferred.pending[i].events);
             let done = self.events_done(&events);
             if !matches!(done, Ok(true)) {
-                self.pending[i].events = events;
+                self.deferred.pending[i].events = events;
                 done?;
                 i += 1;
                 continue;
             }
-            let p = self.pending.swap_remove(i);
+            let p = self.deferred.pending.swap_remove(i);
             self.destroy_events(&events)?;
-            let b = self.blocks.get_mut(p.block);
+            let b = self.arena.blocks.get_mut(p.block);
             b.tensor = NIL;
             self.stats.pending_bytes -= b.size;
             self.return_block(p.block)?;
@@ -117,12 +126,13 @@ impl<D: Device> Allocator<D> {
 
     /// The pending blocks (freed, waiting on events of other streams).
     pub fn pending_frees(&self) -> Vec<PendingView> {
-        self.pending
+        self.deferred
+            .pending
             .iter()
             .map(|p| {
-                let b = self.blocks.get(p.block);
+                let b = self.arena.blocks.get(p.block);
                 PendingView {
-                    addr: self.segments.get(b.segment).base + b.offset,
+                    addr: self.arena.segments.get(b.segment).base + b.offset,
                     size: b.size,
                     events: p.events.clone(),
                 }
@@ -131,11 +141,15 @@ impl<D: Device> Allocator<D> {
     }
 
     /// Checks the pending list against the blocks (part of `check_invariants`).
+    /// Checks the invariants of the module documentation.
     pub(super) fn check_pending(&self) -> Result<(), String> {
+        if self.deferred.cross_uses.keys().any(|&slot| self.tensors.by_slot(slot).is_none()) {
+            return Err("cross-stream uses recorded for a dead tensor".into());
+        }
         let mut seen = rustc_hash::FxHashSet::default();
         let mut bytes = 0u64;
-        for p in &self.pending {
-            let b = self.blocks.try_get(p.block).ok_or_else(|| format!("pending block {} is dead", p.block))?;
+        for p in &self.deferred.pending {
+            let b = self.arena.blocks.try_get(p.block).ok_or_else(|| format!("pending block {} is dead", p.block))?;
             if b.tensor != PENDING {
                 return Err(format!("block {} is on the pending list but not pending", p.block));
             }
@@ -147,7 +161,7 @@ impl<D: Device> Allocator<D> {
             }
             bytes += b.size;
         }
-        let marked = self.blocks.iter().filter(|(_, b)| b.tensor == PENDING).count();
+        let marked = self.arena.blocks.iter().filter(|(_, b)| b.tensor == PENDING).count();
         if marked != seen.len() {
             return Err(format!("{marked} blocks are pending but {} are on the list", seen.len()));
         }

@@ -42,12 +42,15 @@ struct Slot {
     tensor: Option<Tensor>,
 }
 
-/// Slab of tensor entries addressed by [`TensorId`].
+/// Slab of tensor entries addressed by [`TensorId`], and the pin counts.
 #[derive(Debug, Clone, Default)]
 pub struct HandleTable {
     slots: Vec<Slot>,
     free: Vec<u32>,
     live: usize,
+    /// Pin counts of pinned tensors (by handle slot): each names a live
+    /// tensor and is at least 1.
+    pub(crate) pins: rustc_hash::FxHashMap<u32, u32>,
 }
 
 impl HandleTable {

@@ -35,10 +35,12 @@
 //! while trying to serve a request stay moved, with their contents, when the
 //! request still fails.
 
+mod arena;
 mod check;
 mod compact;
 mod deferred;
 mod free_index;
+mod grow;
 mod handles;
 mod paged;
 mod policies;
@@ -64,13 +66,13 @@ use crate::decision::{
 };
 use crate::device::{Device, DeviceError, DevicePtr};
 use crate::tier::{TierError, TierState};
-use crate::types::{round_up, Phase, StreamId, TensorId, TensorKind, Tier};
+use crate::types::{Phase, StreamId, TensorId, TensorKind, Tier};
 
-use deferred::PendingFree;
+use arena::Arena;
+use deferred::Deferred;
 use handles::HandleTable;
+use paged::Paging;
 use pool::FreeKey;
-use rustc_hash::FxHashMap;
-use slab::Slab;
 
 /// Largest single request accepted (1 PiB): larger sizes are certainly bogus.
 pub const MAX_ALLOC: u64 = 1 << 50;
@@ -156,6 +158,11 @@ impl From<DeviceError> for AllocError {
     }
 }
 
+/// An invariant of the allocator does not hold (a bug): what and where.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvariantError(pub String);
+
 /// A read-only view of one live tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TensorInfo {
@@ -221,32 +228,29 @@ pub struct SegmentView {
     pub blocks: Vec<BlockView>,
 }
 
-/// The caching allocator over a device `D`.
+/// The caching allocator over a device `D`: owned parts, each with its
+/// own invariants and check (see the module documentation).
 pub struct Allocator<D: Device> {
     device: D,
-    blocks: Slab<Block>,
-    segments: Slab<Segment>,
-    pools: Vec<Pool>,
+    /// Segments, blocks and pools (`arena`).
+    arena: Arena,
+    /// Live tensors and pins (`handles`).
     tensors: HandleTable,
+    /// Cross-stream uses and frees waiting on stream events (`deferred`).
+    deferred: Deferred,
+    /// Physical pages of paged segments and their reservations (`paged`).
+    paging: Paging,
+    /// Host and disk tiers, when enabled (`tiering`).
+    tiers: Option<Box<TierState>>,
+    /// The active policies, the fallback, memo and health (`policies`).
     policies: PolicySet,
     stats: Stats,
+    gc_pauses: PauseHistogram,
+    /// Logical clock: operations so far.
     clock: u64,
     phase: Option<Phase>,
     step: u64,
     recorder: Option<Vec<Action>>,
-    /// Other streams each cross-stream tensor was used on (by handle slot).
-    cross_uses: FxHashMap<u32, Vec<StreamId>>,
-    /// Freed blocks waiting on stream events.
-    pending: Vec<PendingFree>,
-    /// Pin counts of pinned tensors (by handle slot).
-    pins: FxHashMap<u32, u32>,
-    gc_pauses: PauseHistogram,
-    /// Pages of paged segments (by segment index).
-    paged: FxHashMap<u32, paged::PagedSeg>,
-    /// Virtual reservations of paged segments (by base address).
-    reservations: FxHashMap<DevicePtr, paged::Reservation>,
-    /// Host and disk tiers, when enabled (see [`tiering`](self)).
-    tiers: Option<Box<TierState>>,
 }
 
 impl<D: Device> Allocator<D> {
@@ -261,23 +265,18 @@ impl<D: Device> Allocator<D> {
     pub fn with_fallback(device: D, policies: Policies, fallback: Policies) -> Self {
         let mut a = Allocator {
             device,
-            blocks: Slab::default(),
-            segments: Slab::default(),
-            pools: Vec::new(),
+            arena: Arena::default(),
             tensors: HandleTable::default(),
+            deferred: Deferred::default(),
+            paging: Paging::default(),
+            tiers: None,
             policies: PolicySet::new(policies, fallback),
             stats: Stats::default(),
+            gc_pauses: PauseHistogram::default(),
             clock: 0,
             phase: None,
             step: 0,
             recorder: None,
-            cross_uses: FxHashMap::default(),
-            pending: Vec::new(),
-            pins: FxHashMap::default(),
-            gc_pauses: PauseHistogram::default(),
-            paged: FxHashMap::default(),
-            reservations: FxHashMap::default(),
-            tiers: None,
         };
         let fallback_pools = a.policies.fallback().placement.pools();
         a.policies.fallback_pool_map = a.register_pools(&fallback_pools);
@@ -294,14 +293,14 @@ impl<D: Device> Allocator<D> {
     fn register_pools(&mut self, specs: &[crate::decision::PoolSpec]) -> Vec<u32> {
         specs
             .iter()
-            .map(|s| match self.pools.iter().position(|p| p.name == s.name) {
+            .map(|s| match self.arena.pools.iter().position(|p| p.name == s.name) {
                 Some(i) => {
-                    self.pools[i].release_when_empty = s.release_when_empty;
+                    self.arena.pools[i].release_when_empty = s.release_when_empty;
                     i as u32
                 }
                 None => {
-                    self.pools.push(Pool::new(&s.name, s.release_when_empty));
-                    (self.pools.len() - 1) as u32
+                    self.arena.pools.push(Pool::new(&s.name, s.release_when_empty));
+                    (self.arena.pools.len() - 1) as u32
                 }
             })
             .collect()
@@ -378,7 +377,7 @@ impl<D: Device> Allocator<D> {
     /// Starts new peaks from the current gauges (whole allocator and pools),
     /// e.g. to measure the second half of a replay after a policy swap.
     pub fn reset_peaks(&mut self) {
-        for g in std::iter::once(&mut self.stats.bytes).chain(self.pools.iter_mut().map(|p| &mut p.gauges)) {
+        for g in std::iter::once(&mut self.stats.bytes).chain(self.arena.pools.iter_mut().map(|p| &mut p.gauges)) {
             g.peak_live_bytes = g.live_bytes;
             g.peak_allocated_bytes = g.allocated_bytes;
             g.peak_reserved_bytes = g.reserved_bytes;
@@ -392,7 +391,7 @@ impl<D: Device> Allocator<D> {
 
     /// The pools (names, gauges, free indices).
     pub fn pools(&self) -> &[Pool] {
-        &self.pools
+        &self.arena.pools
     }
 
     /// Logical clock: number of operations so far.
@@ -434,15 +433,15 @@ impl<D: Device> Allocator<D> {
         if bytes > MAX_ALLOC {
             return Err(AllocError::TooLarge { bytes });
         }
-        if !self.pending.is_empty() {
+        if !self.deferred.pending.is_empty() {
             self.poll_pending()?;
         }
         let req = AllocRequest { bytes, kind, stream };
         let (block, pool) = self.place_block(&req)?;
         self.clock += 1;
         let pool = pool as usize;
-        let b = *self.blocks.get(block);
-        debug_assert_eq!(self.segments.get(b.segment).pool as usize, pool);
+        let b = *self.arena.blocks.get(block);
+        debug_assert_eq!(self.arena.segments.get(b.segment).pool as usize, pool);
         let size = b.size;
         let id = self.tensors.insert(Tensor {
             block,
@@ -456,15 +455,15 @@ impl<D: Device> Allocator<D> {
             phase: self.phase,
             next_use: None,
         });
-        self.blocks.get_mut(block).tensor = id.slot;
+        self.arena.blocks.get_mut(block).tensor = id.slot;
         self.stats.allocs += 1;
         self.stats.bytes.add_live(bytes, size);
-        self.pools[pool].gauges.add_live(bytes, size);
+        self.arena.pools[pool].gauges.add_live(bytes, size);
         if let Some(ts) = self.tiers.as_deref_mut() {
             ts.note_live(self.stats.bytes.live_bytes);
         }
         if self.recorder.is_some() {
-            let addr = self.segments.get(b.segment).base + b.offset;
+            let addr = self.arena.segments.get(b.segment).base + b.offset;
             self.record(ActionKind::Alloc, addr, bytes, stream, Some(kind));
         }
         Ok(id)
@@ -482,19 +481,28 @@ impl<D: Device> Allocator<D> {
             self.stats.policy_memo_hits += 1;
         }
         let pool = p.pool as usize;
-        let (block, indexed) = match self.pools[pool].best_fit(stream, p.rounded, p.decision.max_waste) {
+        let (block, indexed) = match self.arena.pools[pool].best_fit(stream, p.rounded, p.decision.max_waste) {
             Some(key) => {
                 self.stats.cache_hits += 1;
                 (key.3, Some(key))
             }
-            None => (self.grow_or_evict(p.pool, p.segment, p.rounded, p.decision.max_waste, req)?, None),
+            None => {
+                let g = grow::Growth {
+                    pool: p.pool,
+                    segment: p.segment,
+                    rounded: p.rounded,
+                    max_waste: p.decision.max_waste,
+                    req: *req,
+                };
+                (self.grow_or_evict(&g)?, None)
+            }
         };
         // Split off the remainder when the decision says so; a cached block's
         // index entry becomes the remainder's in place.
-        let b = *self.blocks.get(block);
+        let b = *self.arena.blocks.get(block);
         let remainder = b.size - p.rounded;
         if remainder > 0 && remainder >= p.decision.split_min_remainder {
-            let rest = self.blocks.insert(Block {
+            let rest = self.arena.blocks.insert(Block {
                 segment: b.segment,
                 offset: b.offset + p.rounded,
                 size: remainder,
@@ -503,115 +511,23 @@ impl<D: Device> Allocator<D> {
                 tensor: NIL,
             });
             if b.next != NIL {
-                self.blocks.get_mut(b.next).prev = rest;
+                self.arena.blocks.get_mut(b.next).prev = rest;
             }
-            let blk = self.blocks.get_mut(block);
+            let blk = self.arena.blocks.get_mut(block);
             blk.next = rest;
             blk.size = p.rounded;
-            let seg = self.segments.get(b.segment);
+            let seg = self.arena.segments.get(b.segment);
             let key = (seg.stream, remainder, seg.base + b.offset + p.rounded, rest);
             match indexed {
                 Some(old) => {
-                    self.pools[pool].free.replace(&old, key);
+                    self.arena.pools[pool].free.replace(&old, key);
                 }
-                None => self.pools[pool].free.insert(key),
+                None => self.arena.pools[pool].free.insert(key),
             }
         } else if let Some(old) = indexed {
-            self.pools[pool].free.remove(&old);
+            self.arena.pools[pool].free.remove(&old);
         }
         Ok((block, p.pool))
-    }
-
-    /// Obtains a new segment for `req` in `pool`; returns its single block,
-    /// which is not in the free index.
-    fn grow(&mut self, pool: u32, segment_bytes: u64, req: &AllocRequest) -> Result<u32, AllocError> {
-        let mut stitch = false;
-        if self.cached_bytes() > 0 {
-            stitch = self.run_reclaim(&ReclaimTrigger::Grow { request: *req, segment_bytes })?;
-        }
-        if stitch {
-            if let Some((block, _)) = self.stitch(pool, req.stream, segment_bytes)? {
-                return Ok(block);
-            }
-        }
-        let page = self.paged_page(segment_bytes);
-        let segment_bytes =
-            if page > 0 { round_up(segment_bytes, page).unwrap_or(segment_bytes) } else { segment_bytes };
-        let (base, paged) = match self.obtain(segment_bytes, page) {
-            Ok(b) => b,
-            Err(DeviceError::OutOfMemory { .. }) => {
-                if !self.pending.is_empty() {
-                    // Last resort before giving up: wait for the streams so
-                    // that every deferred free completes.
-                    self.device.synchronize()?;
-                    self.stats.device_syncs += 1;
-                    self.poll_pending()?;
-                }
-                let hopeless = self.device.available().is_some_and(|avail| {
-                    avail.saturating_add(self.releasable_bytes(None)).saturating_add(self.free_page_bytes())
-                        < segment_bytes
-                });
-                if !hopeless {
-                    let trigger = ReclaimTrigger::AllocFailed { request: *req, segment_bytes };
-                    if self.run_reclaim(&trigger)? {
-                        if let Some((block, _)) = self.stitch(pool, req.stream, segment_bytes)? {
-                            return Ok(block);
-                        }
-                    }
-                }
-                match (hopeless, self.obtain(segment_bytes, page)) {
-                    (false, Ok(b)) => b,
-                    (_, Err(DeviceError::OutOfMemory { .. })) | (true, _) => {
-                        return Err(AllocError::OutOfMemory {
-                            bytes: req.bytes,
-                            kind: req.kind,
-                            stream: req.stream,
-                            segment_bytes,
-                            reserved: self.stats.bytes.reserved_bytes,
-                            live: self.stats.bytes.live_bytes,
-                            capacity: self.device.capacity(),
-                        });
-                    }
-                    (false, Err(e)) => return Err(e.into()),
-                }
-            }
-            Err(e) => return Err(e.into()),
-        };
-        self.stats.device_alloc_calls += paged.as_ref().map_or(1, |p| p.pages.len() as u64);
-        let seg = self.segments.insert(Segment {
-            base,
-            size: segment_bytes,
-            pool,
-            stream: req.stream,
-            first: NIL,
-            born: self.clock,
-        });
-        if let Some(p) = paged {
-            self.paged.insert(seg, p);
-        }
-        let block = self.blocks.insert(Block {
-            segment: seg,
-            offset: 0,
-            size: segment_bytes,
-            prev: NIL,
-            next: NIL,
-            tensor: NIL,
-        });
-        self.segments.get_mut(seg).first = block;
-        self.stats.bytes.add_reserved(segment_bytes);
-        self.pools[pool as usize].gauges.add_reserved(segment_bytes);
-        self.record(ActionKind::SegmentAlloc, base, segment_bytes, req.stream, None);
-        Ok(block)
-    }
-
-    /// Device memory for a segment of `bytes`: paged when `page > 0`.
-    fn obtain(&mut self, bytes: u64, page: u64) -> Result<(DevicePtr, Option<paged::PagedSeg>), DeviceError> {
-        if page > 0 {
-            let (va, p) = self.alloc_paged_segment(bytes, page)?;
-            Ok((va, Some(p)))
-        } else {
-            Ok((self.device.alloc_segment(bytes)?, None))
-        }
     }
 
     /// Frees a tensor: its block returns to its pool, merged with free neighbours.
@@ -626,25 +542,25 @@ impl<D: Device> Allocator<D> {
             ts.ready_at.remove(&id.slot);
         }
         let blk = t.block;
-        let b = self.blocks.get_mut(blk);
+        let b = self.arena.blocks.get_mut(blk);
         b.tensor = NIL;
         let seg_idx = b.segment;
         let size = b.size;
-        let seg = *self.segments.get(seg_idx);
+        let seg = *self.arena.segments.get(seg_idx);
         let pool = seg.pool as usize;
         self.stats.frees += 1;
         self.stats.bytes.sub_live(t.bytes, size);
-        self.pools[pool].gauges.sub_live(t.bytes, size);
+        self.arena.pools[pool].gauges.sub_live(t.bytes, size);
         if self.recorder.is_some() {
-            let addr = seg.base + self.blocks.get(blk).offset;
+            let addr = seg.base + self.arena.blocks.get(blk).offset;
             self.record(ActionKind::Free, addr, t.bytes, seg.stream, Some(t.kind));
         }
         // Both maps are empty or miss for most tensors: skip the hashing then.
-        if !self.pins.is_empty() {
-            self.pins.remove(&id.slot);
+        if !self.tensors.pins.is_empty() {
+            self.tensors.pins.remove(&id.slot);
         }
         if t.cross_stream {
-            if let Some(streams) = self.cross_uses.remove(&id.slot) {
+            if let Some(streams) = self.deferred.cross_uses.remove(&id.slot) {
                 if self.defer_free(blk, &streams)? {
                     return Ok(());
                 }
@@ -657,41 +573,41 @@ impl<D: Device> Allocator<D> {
     /// neighbours, then indexes it, or releases its segment when the pool
     /// does not cache and the segment is entirely free.
     fn return_block(&mut self, mut blk: u32) -> Result<(), AllocError> {
-        let seg_idx = self.blocks.get(blk).segment;
-        let seg = *self.segments.get(seg_idx);
+        let seg_idx = self.arena.blocks.get(blk).segment;
+        let seg = *self.arena.segments.get(seg_idx);
         let pool = seg.pool as usize;
         // Index keys of the free neighbours merged into the block: the merged
         // block takes over one of their entries.
         let mut stale: [Option<FreeKey>; 2] = [None, None];
         // Merge with the previous block.
-        let prev = self.blocks.get(blk).prev;
-        if prev != NIL && self.blocks.get(prev).is_free() {
-            let p = *self.blocks.get(prev);
+        let prev = self.arena.blocks.get(blk).prev;
+        if prev != NIL && self.arena.blocks.get(prev).is_free() {
+            let p = *self.arena.blocks.get(prev);
             stale[0] = Some((seg.stream, p.size, seg.base + p.offset, prev));
-            let cur = self.blocks.remove(blk);
-            let pm = self.blocks.get_mut(prev);
+            let cur = self.arena.blocks.remove(blk);
+            let pm = self.arena.blocks.get_mut(prev);
             pm.size += cur.size;
             pm.next = cur.next;
             if cur.next != NIL {
-                self.blocks.get_mut(cur.next).prev = prev;
+                self.arena.blocks.get_mut(cur.next).prev = prev;
             }
             blk = prev;
         }
         // Merge with the next block.
-        let next = self.blocks.get(blk).next;
-        if next != NIL && self.blocks.get(next).is_free() {
-            let n = self.blocks.remove(next);
+        let next = self.arena.blocks.get(blk).next;
+        if next != NIL && self.arena.blocks.get(next).is_free() {
+            let n = self.arena.blocks.remove(next);
             stale[1] = Some((seg.stream, n.size, seg.base + n.offset, next));
-            let cm = self.blocks.get_mut(blk);
+            let cm = self.arena.blocks.get_mut(blk);
             cm.size += n.size;
             cm.next = n.next;
             if n.next != NIL {
-                self.blocks.get_mut(n.next).prev = blk;
+                self.arena.blocks.get_mut(n.next).prev = blk;
             }
         }
-        let b = *self.blocks.get(blk);
-        let release = self.pools[pool].release_when_empty && b.size == seg.size;
-        let free = &mut self.pools[pool].free;
+        let b = *self.arena.blocks.get(blk);
+        let release = self.arena.pools[pool].release_when_empty && b.size == seg.size;
+        let free = &mut self.arena.pools[pool].free;
         if release {
             for k in stale.iter().flatten() {
                 free.remove(k);
@@ -726,7 +642,7 @@ impl<D: Device> Allocator<D> {
         t.phase = phase;
         if let Some(s) = stream.filter(|&s| s != t.stream) {
             t.cross_stream = true;
-            let others = self.cross_uses.entry(id.slot).or_default();
+            let others = self.deferred.cross_uses.entry(id.slot).or_default();
             if !others.contains(&s) {
                 others.push(s);
             }
@@ -738,7 +654,7 @@ impl<D: Device> Allocator<D> {
 
     /// Marks a training phase; the reclamation policy is consulted.
     pub fn phase(&mut self, phase: Phase, step: u64) -> Result<(), AllocError> {
-        if !self.pending.is_empty() {
+        if !self.deferred.pending.is_empty() {
             self.poll_pending()?;
         }
         let old = self.phase.replace(phase);
@@ -755,7 +671,7 @@ impl<D: Device> Allocator<D> {
     /// whether it asked to stitch (meaningful on growth triggers).
     fn run_reclaim(&mut self, trigger: &ReclaimTrigger) -> Result<bool, AllocError> {
         let ctx = self.context();
-        let pools = &self.pools;
+        let pools = &self.arena.pools;
         let (mut d, _) = self
             .policies
             .reclaim(trigger, &ctx, |name| pools.iter().find(|p| p.name == name).map(|p| p.gauges.allocated_bytes));
@@ -768,7 +684,7 @@ impl<D: Device> Allocator<D> {
             // by a swapped-out policy) only strand memory: a release that names
             // pools includes them too.
             if let Some(names) = d.pools.as_mut() {
-                for (i, p) in self.pools.iter().enumerate() {
+                for (i, p) in self.arena.pools.iter().enumerate() {
                     let served = self.policies.pool_map.contains(&(i as u32));
                     if !served && !names.contains(&p.name) {
                         names.push(p.name.clone());
@@ -782,10 +698,10 @@ impl<D: Device> Allocator<D> {
             // serves (left by a swapped-out policy) can never hand out their
             // cache again: the engine gives it back before growing, whatever
             // the policy said.
-            let orphans: Vec<String> = (0..self.pools.len() as u32)
+            let orphans: Vec<String> = (0..self.arena.pools.len() as u32)
                 .filter(|i| !self.policies.pool_map.contains(i) && !self.policies.fallback_pool_map.contains(i))
-                .filter(|&i| self.pools[i as usize].cached_bytes() > 0)
-                .map(|i| self.pools[i as usize].name.clone())
+                .filter(|&i| self.arena.pools[i as usize].cached_bytes() > 0)
+                .map(|i| self.arena.pools[i as usize].name.clone())
                 .collect();
             if !orphans.is_empty() {
                 let d = ReclaimDecision {
@@ -807,15 +723,16 @@ impl<D: Device> Allocator<D> {
     }
 
     fn pool_selected(&self, pool: u32, names: Option<&[String]>) -> bool {
-        names.is_none_or(|n| n.iter().any(|x| *x == self.pools[pool as usize].name))
+        names.is_none_or(|n| n.iter().any(|x| *x == self.arena.pools[pool as usize].name))
     }
 
     /// Segments that are entirely free, in the given pools (all when `None`).
     fn free_segments(&self, names: Option<&[String]>) -> Vec<u32> {
-        self.segments
+        self.arena
+            .segments
             .iter()
             .filter(|(_, s)| {
-                let b = self.blocks.get(s.first);
+                let b = self.arena.blocks.get(s.first);
                 b.is_free() && b.size == s.size && self.pool_selected(s.pool, names)
             })
             .map(|(i, _)| i)
@@ -823,7 +740,7 @@ impl<D: Device> Allocator<D> {
     }
 
     fn releasable_bytes(&self, names: Option<&[String]>) -> u64 {
-        self.free_segments(names).iter().map(|&s| self.segments.get(s).size).sum()
+        self.free_segments(names).iter().map(|&s| self.arena.segments.get(s).size).sum()
     }
 
     /// Releases entirely free cached segments, largest first, until
@@ -836,19 +753,19 @@ impl<D: Device> Allocator<D> {
     pub fn release_cached(&mut self, decision: &ReclaimDecision) -> Result<u64, AllocError> {
         let mut segs = self.free_segments(decision.pools.as_deref());
         if decision.trim {
-            segs.retain(|s| !self.paged.contains_key(s));
+            segs.retain(|s| !self.paging.segs.contains_key(s));
         }
-        segs.sort_by_key(|&s| (std::cmp::Reverse(self.segments.get(s).size), self.segments.get(s).base));
+        segs.sort_by_key(|&s| (std::cmp::Reverse(self.arena.segments.get(s).size), self.arena.segments.get(s).base));
         let mut released = 0u64;
         let t0 = self.device.counters().time_us;
         for s in segs {
             if released >= decision.release_bytes {
                 break;
             }
-            let size = self.segments.get(s).size;
-            let seg = *self.segments.get(s);
-            let b = *self.blocks.get(seg.first);
-            self.pools[seg.pool as usize].free.remove(&(seg.stream, b.size, seg.base, seg.first));
+            let size = self.arena.segments.get(s).size;
+            let seg = *self.arena.segments.get(s);
+            let b = *self.arena.blocks.get(seg.first);
+            self.arena.pools[seg.pool as usize].free.remove(&(seg.stream, b.size, seg.base, seg.first));
             self.release_segment(s)?;
             released += size;
         }
@@ -864,8 +781,8 @@ impl<D: Device> Allocator<D> {
 
     /// Releases a segment whose single free block is not in the free index.
     fn release_segment(&mut self, seg_idx: u32) -> Result<(), AllocError> {
-        let seg = *self.segments.get(seg_idx);
-        if let Some(p) = self.paged.remove(&seg_idx) {
+        let seg = *self.arena.segments.get(seg_idx);
+        if let Some(p) = self.paging.segs.remove(&seg_idx) {
             // Unmapping is not ordered on the stream: wait for the segment's
             // stream first (not the whole device, where the backend can).
             self.quiesce(&[seg.stream])?;
@@ -876,10 +793,10 @@ impl<D: Device> Allocator<D> {
             // cudaFree synchronizes the device.
             self.stats.device_syncs += 1;
         }
-        self.blocks.remove(seg.first);
-        self.segments.remove(seg_idx);
+        self.arena.blocks.remove(seg.first);
+        self.arena.segments.remove(seg_idx);
         self.stats.bytes.sub_reserved(seg.size);
-        self.pools[seg.pool as usize].gauges.sub_reserved(seg.size);
+        self.arena.pools[seg.pool as usize].gauges.sub_reserved(seg.size);
         self.record(ActionKind::SegmentFree, seg.base, seg.size, seg.stream, None);
         Ok(())
     }
@@ -899,8 +816,8 @@ impl<D: Device> Allocator<D> {
     /// `None` also for a tensor that is not on the device (see [`Allocator::tier`]).
     pub fn tensor(&self, id: TensorId) -> Option<TensorInfo> {
         let t = self.tensors.get(id).filter(|t| t.tier == Tier::Device)?;
-        let b = self.blocks.get(t.block);
-        let s = self.segments.get(b.segment);
+        let b = self.arena.blocks.get(t.block);
+        let s = self.arena.segments.get(b.segment);
         Some(TensorInfo {
             bytes: t.bytes,
             kind: t.kind,
@@ -952,13 +869,14 @@ impl<D: Device> Allocator<D> {
     /// Segments and their blocks, ordered by address.
     pub fn segment_views(&self) -> Vec<SegmentView> {
         let mut v: Vec<SegmentView> = self
+            .arena
             .segments
             .iter()
             .map(|(_, s)| {
                 let mut blocks = Vec::new();
                 let mut b = s.first;
                 while b != NIL {
-                    let blk = self.blocks.get(b);
+                    let blk = self.arena.blocks.get(b);
                     let req = self.tensors.by_slot(blk.tensor).map(|(_, t)| (t.bytes, t.kind));
                     blocks.push((blk.offset, blk.size, if blk.is_free() { None } else { req }));
                     b = blk.next;
@@ -966,7 +884,7 @@ impl<D: Device> Allocator<D> {
                 SegmentView {
                     base: s.base,
                     size: s.size,
-                    pool: self.pools[s.pool as usize].name.clone(),
+                    pool: self.arena.pools[s.pool as usize].name.clone(),
                     stream: s.stream,
                     blocks,
                 }
@@ -989,7 +907,7 @@ impl<D: Device> Allocator<D> {
                 last_use: t.last_use,
                 use_count: t.use_count,
                 in_use: false,
-                pinned: self.pins.contains_key(&id.slot),
+                pinned: self.tensors.pins.contains_key(&id.slot),
                 phase: t.phase,
                 next_use: t.next_use,
             })

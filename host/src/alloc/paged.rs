@@ -53,6 +53,41 @@ pub(crate) struct PagedSeg {
     pub resv: DevicePtr,
 }
 
+/// The paging part of the allocator: the pages of paged segments and the
+/// virtual reservations they lie in.
+#[derive(Debug, Default)]
+pub(crate) struct Paging {
+    /// Pages of paged segments (by segment index).
+    pub segs: rustc_hash::FxHashMap<u32, PagedSeg>,
+    /// Virtual reservations of paged segments (by base address).
+    pub reservations: rustc_hash::FxHashMap<DevicePtr, Reservation>,
+}
+
+impl Paging {
+    /// Checks the invariants of the module documentation against the
+    /// arena's segments (`page`: the device's granularity).
+    pub fn check(&self, segments: &super::slab::Slab<Segment>, page: u64) -> Result<(), String> {
+        let mut refs: rustc_hash::FxHashMap<DevicePtr, u32> = Default::default();
+        for (&si, p) in &self.segs {
+            let s =
+                segments.try_get(si).ok_or_else(|| format!("paged entry for segment {si}, which does not exist"))?;
+            if page == 0 || !s.base.is_multiple_of(page) || s.size != p.pages.len() as u64 * page {
+                return Err(format!("paged segment {si} at {:#x}: {} bytes, {} pages", s.base, s.size, p.pages.len()));
+            }
+            if !self.reservations.contains_key(&p.resv) || s.base < p.resv {
+                return Err(format!("paged segment {si} is not inside a known reservation"));
+            }
+            *refs.entry(p.resv).or_default() += 1;
+        }
+        for (va, r) in &self.reservations {
+            if refs.get(va).copied().unwrap_or(0) != r.refs {
+                return Err(format!("reservation {va:#x} counts {} segments, holds {:?}", r.refs, refs.get(va)));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A virtual reservation and the number of segments inside it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Reservation {
@@ -149,7 +184,7 @@ impl<D: Device> Allocator<D> {
         let pages = self.create_pages(bytes / page, page)?;
         match self.map_pages(&pages, page) {
             Ok(va) => {
-                self.reservations.insert(va, Reservation { refs: 1 });
+                self.paging.reservations.insert(va, Reservation { refs: 1 });
                 self.stats.paged_segments += 1;
                 Ok((va, PagedSeg { pages, resv: va }))
             }
@@ -176,10 +211,10 @@ impl<D: Device> Allocator<D> {
     }
 
     fn drop_resv_ref(&mut self, resv: DevicePtr) -> Result<(), AllocError> {
-        let r = self.reservations.get_mut(&resv).expect("a paged segment's reservation is known");
+        let r = self.paging.reservations.get_mut(&resv).expect("a paged segment's reservation is known");
         r.refs -= 1;
         if r.refs == 0 {
-            self.reservations.remove(&resv);
+            self.paging.reservations.remove(&resv);
             self.device.release_virtual(resv)?;
         }
         Ok(())
@@ -198,14 +233,14 @@ impl<D: Device> Allocator<D> {
         if page == 0 {
             return runs;
         }
-        for &s in self.paged.keys() {
-            let seg = self.segments.get(s);
+        for &s in self.paging.segs.keys() {
+            let seg = self.arena.segments.get(s);
             if pool.is_some_and(|p| p != seg.pool) || !self.pool_selected(seg.pool, names) {
                 continue;
             }
             let mut blk = seg.first;
             while blk != NIL {
-                let b = self.blocks.get(blk);
+                let b = self.arena.blocks.get(blk);
                 if b.is_free() {
                     let first = b.offset.div_ceil(page);
                     let end = (b.offset + b.size) / page;
@@ -227,21 +262,21 @@ impl<D: Device> Allocator<D> {
     fn carve(&mut self, run: PageRun) -> Result<Vec<PhysHandle>, AllocError> {
         let page = self.device.granularity();
         let blk = run.block;
-        let b0 = *self.blocks.get(blk);
+        let b0 = *self.arena.blocks.get(blk);
         let s = b0.segment;
-        let seg = *self.segments.get(s);
+        let seg = *self.arena.segments.get(s);
         let first_page = (run.va - seg.base) / page;
         let run = PageRunIdx { first: first_page, count: run.count };
         let pool = seg.pool as usize;
-        let ps = self.paged.remove(&s).expect("carve is called on paged segments");
+        let ps = self.paging.segs.remove(&s).expect("carve is called on paged segments");
         let (lo, hi) = (run.first * page, (run.first + run.count) * page);
         debug_assert!(b0.is_free() && b0.offset <= lo && hi <= b0.offset + b0.size);
-        self.pools[pool].free.remove(&(seg.stream, b0.size, seg.base + b0.offset, blk));
+        self.arena.pools[pool].free.remove(&(seg.stream, b0.size, seg.base + b0.offset, blk));
         for i in run.first..run.first + run.count {
             self.device.unmap(seg.base + i * page)?;
         }
         let taken = ps.pages[run.first as usize..(run.first + run.count) as usize].to_vec();
-        self.segments.remove(s);
+        self.arena.segments.remove(s);
         let mut segments_now = 0u32;
         // The part before the pages: the blocks up to `blk`, and `blk` itself
         // cut down to its bytes before `lo`.
@@ -249,24 +284,24 @@ impl<D: Device> Allocator<D> {
         if lo > 0 {
             let first = if b0.offset == 0 { blk } else { seg.first };
             let last = if left_remnant { blk } else { b0.prev };
-            let ls = self.segments.insert(Segment { base: seg.base, size: lo, first, ..seg });
+            let ls = self.arena.segments.insert(Segment { base: seg.base, size: lo, first, ..seg });
             let mut cur = first;
             loop {
-                self.blocks.get_mut(cur).segment = ls;
+                self.arena.blocks.get_mut(cur).segment = ls;
                 if cur == last {
                     break;
                 }
-                cur = self.blocks.get(cur).next;
+                cur = self.arena.blocks.get(cur).next;
             }
             if left_remnant {
-                let bm = self.blocks.get_mut(blk);
+                let bm = self.arena.blocks.get_mut(blk);
                 bm.size = lo - b0.offset;
                 bm.next = NIL;
-                self.pools[pool].free.insert((seg.stream, lo - b0.offset, seg.base + b0.offset, blk));
+                self.arena.pools[pool].free.insert((seg.stream, lo - b0.offset, seg.base + b0.offset, blk));
             } else {
-                self.blocks.get_mut(b0.prev).next = NIL;
+                self.arena.blocks.get_mut(b0.prev).next = NIL;
             }
-            self.paged.insert(ls, PagedSeg { pages: ps.pages[..run.first as usize].to_vec(), resv: ps.resv });
+            self.paging.segs.insert(ls, PagedSeg { pages: ps.pages[..run.first as usize].to_vec(), resv: ps.resv });
             segments_now += 1;
         }
         // The part after the pages: a remnant of `blk` after `hi`, then the
@@ -275,7 +310,7 @@ impl<D: Device> Allocator<D> {
         if hi < seg.size {
             let base = seg.base + hi;
             let first = if end > hi {
-                let r = self.blocks.insert(Block {
+                let r = self.arena.blocks.insert(Block {
                     segment: NIL,
                     offset: 0,
                     size: end - hi,
@@ -284,18 +319,18 @@ impl<D: Device> Allocator<D> {
                     tensor: NIL,
                 });
                 if b0.next != NIL {
-                    self.blocks.get_mut(b0.next).prev = r;
+                    self.arena.blocks.get_mut(b0.next).prev = r;
                 }
-                self.pools[pool].free.insert((seg.stream, end - hi, base, r));
+                self.arena.pools[pool].free.insert((seg.stream, end - hi, base, r));
                 r
             } else {
-                self.blocks.get_mut(b0.next).prev = NIL;
+                self.arena.blocks.get_mut(b0.next).prev = NIL;
                 b0.next
             };
-            let rs = self.segments.insert(Segment { base, size: seg.size - hi, first, ..seg });
+            let rs = self.arena.segments.insert(Segment { base, size: seg.size - hi, first, ..seg });
             let mut cur = first;
             while cur != NIL {
-                let bm = self.blocks.get_mut(cur);
+                let bm = self.arena.blocks.get_mut(cur);
                 bm.segment = rs;
                 if cur != first || end <= hi {
                     bm.offset -= hi;
@@ -303,22 +338,22 @@ impl<D: Device> Allocator<D> {
                 cur = bm.next;
             }
             let rest = ps.pages[(run.first + run.count) as usize..].to_vec();
-            self.paged.insert(rs, PagedSeg { pages: rest, resv: ps.resv });
+            self.paging.segs.insert(rs, PagedSeg { pages: rest, resv: ps.resv });
             segments_now += 1;
         }
         if !left_remnant {
-            self.blocks.remove(blk);
+            self.arena.blocks.remove(blk);
         }
         // One segment became `segments_now`.
-        let r = self.reservations.get_mut(&ps.resv).expect("a paged segment's reservation is known");
+        let r = self.paging.reservations.get_mut(&ps.resv).expect("a paged segment's reservation is known");
         r.refs = r.refs - 1 + segments_now;
         if r.refs == 0 {
-            self.reservations.remove(&ps.resv);
+            self.paging.reservations.remove(&ps.resv);
             self.device.release_virtual(ps.resv)?;
         }
         let bytes = run.count * page;
         self.stats.bytes.cut(bytes, segments_now as u64);
-        self.pools[pool].gauges.cut(bytes, segments_now as u64);
+        self.arena.pools[pool].gauges.cut(bytes, segments_now as u64);
         // The pages leave the segment (a stitch records their new segment).
         self.record(ActionKind::SegmentFree, seg.base + lo, bytes, seg.stream, None);
         Ok(taken)
@@ -336,7 +371,7 @@ impl<D: Device> Allocator<D> {
         segment_bytes: u64,
     ) -> Result<Option<(u32, u64)>, AllocError> {
         let page = self.device.granularity();
-        if page == 0 || self.paged.is_empty() {
+        if page == 0 || self.paging.segs.is_empty() {
             return Ok(None);
         }
         let need = segment_bytes.div_ceil(page);
@@ -359,7 +394,7 @@ impl<D: Device> Allocator<D> {
             Err(e) => return Err(e.into()),
         };
         let streams: Vec<StreamId> =
-            plan.iter().map(|r| self.segments.get(self.blocks.get(r.block).segment).stream).collect();
+            plan.iter().map(|r| self.arena.segments.get(self.arena.blocks.get(r.block).segment).stream).collect();
         self.quiesce(&streams)?;
         // Carving moves blocks between segments: plan runs by block, and a
         // later run never names a block an earlier carve removed (one run per
@@ -370,14 +405,15 @@ impl<D: Device> Allocator<D> {
         }
         pages.extend(fresh);
         let va = self.map_pages(&pages, page)?;
-        self.reservations.insert(va, Reservation { refs: 1 });
+        self.paging.reservations.insert(va, Reservation { refs: 1 });
         let size = need * page;
-        let seg = self.segments.insert(Segment { base: va, size, pool, stream, first: NIL, born: self.clock });
-        let block = self.blocks.insert(Block { segment: seg, offset: 0, size, prev: NIL, next: NIL, tensor: NIL });
-        self.segments.get_mut(seg).first = block;
-        self.paged.insert(seg, PagedSeg { pages, resv: va });
+        let seg = self.arena.segments.insert(Segment { base: va, size, pool, stream, first: NIL, born: self.clock });
+        let block =
+            self.arena.blocks.insert(Block { segment: seg, offset: 0, size, prev: NIL, next: NIL, tensor: NIL });
+        self.arena.segments.get_mut(seg).first = block;
+        self.paging.segs.insert(seg, PagedSeg { pages, resv: va });
         self.stats.bytes.add_reserved(size);
-        self.pools[pool as usize].gauges.add_reserved(size);
+        self.arena.pools[pool as usize].gauges.add_reserved(size);
         self.stats.device_alloc_calls += need - have;
         self.stats.stitches += 1;
         self.stats.stitched_bytes += have * page;
@@ -396,7 +432,7 @@ impl<D: Device> Allocator<D> {
             // Carving changes block indices and segments: recompute the runs.
             let Some(mut run) = self.free_page_runs(None, names).into_iter().next() else { break };
             run.count = run.count.min((target - released).div_ceil(page));
-            let stream = self.segments.get(self.blocks.get(run.block).segment).stream;
+            let stream = self.arena.segments.get(self.arena.blocks.get(run.block).segment).stream;
             self.quiesce(&[stream])?;
             for h in self.carve(run)? {
                 self.device.release_physical(h)?;

@@ -124,6 +124,11 @@ impl<T: Copy> Slab<T> {
         self.len
     }
 
+    /// Number of indices ever issued (live or free): every index is below it.
+    pub fn capacity(&self) -> usize {
+        self.items.len()
+    }
+
     /// Live items with their indices.
     pub fn iter(&self) -> impl Iterator<Item = (u32, &T)> {
         self.items.iter().zip(&self.live).enumerate().filter(|(_, (_, l))| **l).map(|(i, (v, _))| (i as u32, v))

@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use super::slab::NIL;
 use super::{ActionKind, AllocError, Allocator};
-use crate::decision::{validate_victims, AllocRequest, EvictionCandidate, ReclaimDecision};
+use crate::decision::{validate_victims, AllocRequest, EvictionCandidate};
 use crate::device::{Device, HostBuf};
 use crate::tier::{Offloaded, Stored, TierConfig, TierError, TierState, TierStats};
 use crate::types::{TensorId, Tier};
@@ -92,87 +92,6 @@ impl<D: Device> Allocator<D> {
         Ok(())
     }
 
-    /// Takes the best-fitting cached block of `pool` for the request, if any.
-    fn take_fit(&mut self, pool: u32, req: &AllocRequest, rounded: u64, max_waste: u64) -> Option<u32> {
-        let key = self.pools[pool as usize].best_fit(req.stream, rounded, max_waste)?;
-        self.pools[pool as usize].free.remove(&key);
-        Some(key.3)
-    }
-
-    /// [`Allocator::grow`], and when the device is full and the tiers are
-    /// enabled: defragmentation, then eviction, until the request is served
-    /// or nothing is left to evict. Counts an OOM when it finally fails.
-    #[inline(never)]
-    pub(super) fn grow_or_evict(
-        &mut self,
-        pool: u32,
-        segment: u64,
-        rounded: u64,
-        max_waste: u64,
-        req: &AllocRequest,
-    ) -> Result<u32, AllocError> {
-        let mut compacted = false;
-        loop {
-            let err = match self.grow(pool, segment, req) {
-                Err(e @ AllocError::OutOfMemory { .. }) => e,
-                other => return other,
-            };
-            let prefetching = self.tiers.as_ref().is_some_and(|t| t.prefetching);
-            if prefetching {
-                // A prefetch only uses free memory: no eviction, not an OOM.
-                return Err(err);
-            }
-            if self.tiers.is_none() || segment > self.device.capacity() {
-                self.stats.ooms += 1;
-                return Err(err);
-            }
-            if !compacted {
-                compacted = true;
-                let names: Vec<String> =
-                    self.pools.iter().filter(|p| p.cached_bytes() > 0).map(|p| p.name.clone()).collect();
-                let mut moved = 0;
-                // Device-to-device copies are far cheaper than copies to
-                // the host: compaction is not limited by a byte budget.
-                for n in names {
-                    moved += self.compact(&n, u64::MAX)?;
-                }
-                if moved > 0 {
-                    if let Some(b) = self.take_fit(pool, req, rounded, max_waste) {
-                        return Ok(b);
-                    }
-                    continue;
-                }
-            }
-            let avail = self.device.available().unwrap_or(0).saturating_add(self.releasable_bytes(None));
-            let need = segment.saturating_sub(avail).max(1);
-            let victims = self.choose_victims(need);
-            if victims.is_empty() {
-                self.stats.ooms += 1;
-                return Err(err);
-            }
-            // Victims leave one at a time, in the policy's order, until the
-            // request fits: a freed block of the right pool may serve it
-            // directly, or enough free segments may be released.
-            for v in victims {
-                self.evict_one(v)?;
-                if let Some(b) = self.take_fit(pool, req, rounded, max_waste) {
-                    return Ok(b);
-                }
-                let avail = self
-                    .device
-                    .available()
-                    .unwrap_or(0)
-                    .saturating_add(self.releasable_bytes(None))
-                    .saturating_add(self.free_page_bytes());
-                if avail >= segment {
-                    break;
-                }
-            }
-            // Free pages of paged segments count too (trimmed to the page).
-            self.release_cached(&ReclaimDecision { release_bytes: segment, trim: true, ..ReclaimDecision::none() })?;
-        }
-    }
-
     /// Moves tensors off the device (to the host, or to disk when the host
     /// is full); tensors already off the device or pinned are skipped.
     /// Returns the bytes moved. On an error the tensors moved so far stay
@@ -188,9 +107,9 @@ impl<D: Device> Allocator<D> {
         Ok(moved)
     }
 
-    fn evict_one(&mut self, id: TensorId) -> Result<u64, AllocError> {
+    pub(super) fn evict_one(&mut self, id: TensorId) -> Result<u64, AllocError> {
         let t = *self.tensors.get(id).ok_or(AllocError::UnknownTensor(id))?;
-        if t.tier != Tier::Device || self.pins.contains_key(&id.slot) {
+        if t.tier != Tier::Device || self.tensors.pins.contains_key(&id.slot) {
             return Ok(0);
         }
         let addr = self.address(id)?;
@@ -208,11 +127,11 @@ impl<D: Device> Allocator<D> {
         let stored = if to_disk { Stored::Disk(self.write_spill(id, bytes, data)?) } else { Stored::Host(data) };
         // Committed: the block leaves the tensor.
         let blk = t.block;
-        let b = *self.blocks.get(blk);
-        let seg = *self.segments.get(b.segment);
-        self.blocks.get_mut(blk).tensor = NIL;
+        let b = *self.arena.blocks.get(blk);
+        let seg = *self.arena.segments.get(b.segment);
+        self.arena.blocks.get_mut(blk).tensor = NIL;
         self.stats.bytes.sub_live(bytes, b.size);
-        self.pools[seg.pool as usize].gauges.sub_live(bytes, b.size);
+        self.arena.pools[seg.pool as usize].gauges.sub_live(bytes, b.size);
         self.record(ActionKind::Free, seg.base + b.offset, bytes, seg.stream, Some(t.kind));
         {
             let tm = self.tensors.get_mut(id).expect("checked above");
@@ -229,7 +148,7 @@ impl<D: Device> Allocator<D> {
         let us = ts.host_us(bytes) + if to_disk { ts.disk_us(bytes) } else { 0.0 };
         ts.copy_sync(us, false);
         self.stats.evicted_bytes += bytes;
-        let streams = if t.cross_stream { self.cross_uses.remove(&id.slot) } else { None };
+        let streams = if t.cross_stream { self.deferred.cross_uses.remove(&id.slot) } else { None };
         if let Some(streams) = streams {
             if self.defer_free(blk, &streams)? {
                 return Ok(bytes);
@@ -385,8 +304,8 @@ impl<D: Device> Allocator<D> {
             ts.bringing = was_bringing;
         }
         let (block, _) = placed?;
-        let b = *self.blocks.get(block);
-        let seg = *self.segments.get(b.segment);
+        let b = *self.arena.blocks.get(block);
+        let seg = *self.arena.segments.get(b.segment);
         let addr = seg.base + b.offset;
         if let Some(d) = &data {
             if let Err(e) = self.device.write(addr, d) {
@@ -394,9 +313,9 @@ impl<D: Device> Allocator<D> {
                 return Err(e.into());
             }
         }
-        self.blocks.get_mut(block).tensor = id.slot;
+        self.arena.blocks.get_mut(block).tensor = id.slot;
         self.stats.bytes.add_live(t.bytes, b.size);
-        self.pools[seg.pool as usize].gauges.add_live(t.bytes, b.size);
+        self.arena.pools[seg.pool as usize].gauges.add_live(t.bytes, b.size);
         self.record(ActionKind::Alloc, addr, t.bytes, seg.stream, Some(t.kind));
         let clock = self.clock;
         {
@@ -533,7 +452,7 @@ impl<D: Device> Allocator<D> {
             if t.block != NIL {
                 return Err(format!("{id} is on the {:?} tier but holds block {}", t.tier, t.block));
             }
-            if self.pins.contains_key(&id.slot) {
+            if self.tensors.pins.contains_key(&id.slot) {
                 return Err(format!("{id} is pinned but off the device"));
             }
             let e = ts.entries.get(&id.slot).ok_or_else(|| format!("{id} is off the device without an entry"))?;

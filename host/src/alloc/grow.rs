@@ -1,0 +1,235 @@
+//! Growth: what the allocator does when no cached block of the chosen pool
+//! fits a request. The remedies, in the order they are tried:
+//!
+//! ```text
+//!  1. reclaim (Grow)        cached memory is waste when a pool must grow: the reclamation
+//!                           policy releases cache, and may ask to …
+//!  2. stitch                … build the new segment from free pages of paged segments
+//!  3. new segment           from the device (paged while the reclamation policy asks for pages)
+//!  ── the device is full ──
+//!  4. drain deferred frees  wait for the streams, so that every pending free completes
+//!  5. reclaim (AllocFailed) unless releasing everything cached could not make room; may stitch
+//!  6. new segment           again; otherwise out of memory, unless the tiers are enabled:
+//!  7. compact               once: move live blocks into denser segments; a cached block may fit
+//!  8. evict                 the eviction policy's victims leave one at a time until a cached block
+//!                           fits or the segment can be obtained; free pages are released; then 1.
+//! ```
+//!
+//! Steps 1–6 are [`Allocator::grow`], the loop over 1–8 is
+//! [`Allocator::grow_or_evict`]. A prefetch (which only uses free memory)
+//! stops after 6. A request that fails leaves every live tensor where it was
+//! (see the allocator's documentation for what a failed request may change).
+
+use super::slab::{Block, Segment, NIL};
+use super::{ActionKind, AllocError, Allocator};
+use crate::decision::{AllocRequest, ReclaimDecision, ReclaimTrigger};
+use crate::device::{Device, DeviceError};
+use crate::types::round_up;
+
+/// One request that needs memory: where it goes and how much.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Growth {
+    /// Engine pool index.
+    pub pool: u32,
+    /// Size of a new segment (before page rounding).
+    pub segment: u64,
+    /// Rounded block size.
+    pub rounded: u64,
+    /// Largest waste a cached block may have.
+    pub max_waste: u64,
+    /// The request.
+    pub req: AllocRequest,
+}
+
+impl<D: Device> Allocator<D> {
+    /// Remedies 1–8 (see the module documentation), until the request is
+    /// served or nothing is left to try. Counts an OOM when it finally fails.
+    #[inline(never)]
+    pub(super) fn grow_or_evict(&mut self, g: &Growth) -> Result<u32, AllocError> {
+        let mut compacted = false;
+        loop {
+            let oom = match self.grow(g) {
+                Err(e @ AllocError::OutOfMemory { .. }) => e,
+                served => return served,
+            };
+            if self.tiers.as_ref().is_some_and(|t| t.prefetching) {
+                // A prefetch only uses free memory: no eviction, not an OOM.
+                return Err(oom);
+            }
+            if self.tiers.is_none() || g.segment > self.device.capacity() {
+                self.stats.ooms += 1;
+                return Err(oom);
+            }
+            if !compacted {
+                compacted = true;
+                if self.compact_all()? > 0 {
+                    if let Some(b) = self.take_fit(g) {
+                        return Ok(b);
+                    }
+                    continue;
+                }
+            }
+            match self.evict_for(g)? {
+                Evicted::Served(b) => return Ok(b),
+                Evicted::Some => {}
+                Evicted::Nothing => {
+                    self.stats.ooms += 1;
+                    return Err(oom);
+                }
+            }
+        }
+    }
+
+    /// Remedies 1–6: a block of a new segment for the request, from cache
+    /// released by reclamation, stitched pages or the device.
+    #[inline]
+    fn grow(&mut self, g: &Growth) -> Result<u32, AllocError> {
+        let req = g.req;
+        // 1–2. Reclamation before growth; stitching if it asks.
+        if self.cached_bytes() > 0 {
+            let trigger = ReclaimTrigger::Grow { request: req, segment_bytes: g.segment };
+            if self.run_reclaim(&trigger)? {
+                if let Some((block, _)) = self.stitch(g.pool, req.stream, g.segment)? {
+                    return Ok(block);
+                }
+            }
+        }
+        // 3. A new segment.
+        let page = self.paged_page(g.segment);
+        let segment = if page > 0 { round_up(g.segment, page).unwrap_or(g.segment) } else { g.segment };
+        match self.new_segment(g.pool, segment, page, &req) {
+            Err(AllocError::Device(DeviceError::OutOfMemory { .. })) => {}
+            served => return served,
+        }
+        // 4. Pending frees complete once the streams are waited for.
+        self.drain_deferred()?;
+        // 5. Reclamation after the failure, unless even releasing every cached
+        // byte could not make room; stitching if it asks.
+        let hopeless = self.device.available().is_some_and(|avail| {
+            avail.saturating_add(self.releasable_bytes(None)).saturating_add(self.free_page_bytes()) < segment
+        });
+        if !hopeless {
+            let trigger = ReclaimTrigger::AllocFailed { request: req, segment_bytes: segment };
+            if self.run_reclaim(&trigger)? {
+                if let Some((block, _)) = self.stitch(g.pool, req.stream, segment)? {
+                    return Ok(block);
+                }
+            }
+        }
+        // 6. A new segment again.
+        match self.new_segment(g.pool, segment, page, &req) {
+            Err(AllocError::Device(DeviceError::OutOfMemory { .. })) => Err(AllocError::OutOfMemory {
+                bytes: req.bytes,
+                kind: req.kind,
+                stream: req.stream,
+                segment_bytes: segment,
+                reserved: self.stats.bytes.reserved_bytes,
+                live: self.stats.bytes.live_bytes,
+                capacity: self.device.capacity(),
+            }),
+            served => served,
+        }
+    }
+
+    /// Waits for every stream when frees are pending, and completes them.
+    fn drain_deferred(&mut self) -> Result<(), AllocError> {
+        if !self.deferred.pending.is_empty() {
+            self.device.synchronize()?;
+            self.stats.device_syncs += 1;
+            self.poll_pending()?;
+        }
+        Ok(())
+    }
+
+    /// A new segment of `bytes` in `pool` from the device (paged when `page >
+    /// 0`); returns its single block, which is not in the free index.
+    #[inline]
+    fn new_segment(&mut self, pool: u32, bytes: u64, page: u64, req: &AllocRequest) -> Result<u32, AllocError> {
+        let (base, paged) = if page > 0 {
+            let (va, p) = self.alloc_paged_segment(bytes, page)?;
+            (va, Some(p))
+        } else {
+            (self.device.alloc_segment(bytes)?, None)
+        };
+        self.stats.device_alloc_calls += paged.as_ref().map_or(1, |p| p.pages.len() as u64);
+        let seg = self.arena.segments.insert(Segment {
+            base,
+            size: bytes,
+            pool,
+            stream: req.stream,
+            first: NIL,
+            born: self.clock,
+        });
+        if let Some(p) = paged {
+            self.paging.segs.insert(seg, p);
+        }
+        let block =
+            self.arena.blocks.insert(Block { segment: seg, offset: 0, size: bytes, prev: NIL, next: NIL, tensor: NIL });
+        self.arena.segments.get_mut(seg).first = block;
+        self.stats.bytes.add_reserved(bytes);
+        self.arena.pools[pool as usize].gauges.add_reserved(bytes);
+        self.record(ActionKind::SegmentAlloc, base, bytes, req.stream, None);
+        Ok(block)
+    }
+
+    /// Remedy 7: compacts every pool that caches memory (device copies are
+    /// far cheaper than copies to the host: no byte budget). Returns the
+    /// bytes moved.
+    fn compact_all(&mut self) -> Result<u64, AllocError> {
+        let names: Vec<String> =
+            self.arena.pools.iter().filter(|p| p.cached_bytes() > 0).map(|p| p.name.clone()).collect();
+        let mut moved = 0;
+        for n in names {
+            moved += self.compact(&n, u64::MAX)?;
+        }
+        Ok(moved)
+    }
+
+    /// Remedy 8: asks the eviction policy for victims covering what the
+    /// device lacks and moves them off one at a time, in the policy's order,
+    /// until a freed block serves the request or the segment can be
+    /// obtained; then releases free segments and pages.
+    fn evict_for(&mut self, g: &Growth) -> Result<Evicted, AllocError> {
+        let avail = self.device.available().unwrap_or(0).saturating_add(self.releasable_bytes(None));
+        let victims = self.choose_victims(g.segment.saturating_sub(avail).max(1));
+        if victims.is_empty() {
+            return Ok(Evicted::Nothing);
+        }
+        for v in victims {
+            self.evict_one(v)?;
+            if let Some(b) = self.take_fit(g) {
+                return Ok(Evicted::Served(b));
+            }
+            let avail = self
+                .device
+                .available()
+                .unwrap_or(0)
+                .saturating_add(self.releasable_bytes(None))
+                .saturating_add(self.free_page_bytes());
+            if avail >= g.segment {
+                break;
+            }
+        }
+        // Free pages of paged segments count too (trimmed to the page).
+        self.release_cached(&ReclaimDecision { release_bytes: g.segment, trim: true, ..ReclaimDecision::none() })?;
+        Ok(Evicted::Some)
+    }
+
+    /// Takes the best-fitting cached block of the growth's pool, if any.
+    fn take_fit(&mut self, g: &Growth) -> Option<u32> {
+        let pool = &mut self.arena.pools[g.pool as usize];
+        let key = pool.best_fit(g.req.stream, g.rounded, g.max_waste)?;
+        pool.free.remove(&key);
+        Some(key.3)
+    }
+}
+
+/// What remedy 8 did.
+enum Evicted {
+    /// A freed block serves the request.
+    Served(u32),
+    /// Tensors left the device; growth is tried again.
+    Some,
+    /// No victim was offered.
+    Nothing,
+}
