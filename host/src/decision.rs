@@ -355,6 +355,9 @@ pub enum PolicyError {
     /// The policy was disabled after repeated failures.
     #[error("policy disabled")]
     Disabled,
+    /// The policy refused a lifecycle request (e.g. a state it cannot load), with its reason.
+    #[error("refused: {0}")]
+    Refused(String),
 }
 
 impl From<InvalidDecision> for PolicyError {
@@ -411,7 +414,7 @@ pub trait PolicyState: Send + Sync {
     fn save_state(&self) -> Result<Vec<u8>, PolicyError>;
     /// Replaces the state with `state` (from [`PolicyState::save_state`] of
     /// another instance); `Err` with the policy's refusal or the failure.
-    fn load_state(&self, state: &[u8]) -> Result<(), String>;
+    fn load_state(&self, state: &[u8]) -> Result<(), PolicyError>;
 }
 
 /// A shared handle to a policy's state.

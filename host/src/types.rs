@@ -173,13 +173,34 @@ pub const MIB: u64 = 1 << 20;
 /// `1 GiB`.
 pub const GIB: u64 = 1 << 30;
 
+/// An invariant of a structure does not hold (a bug): what and where.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvariantError(pub String);
+
+impl From<String> for InvariantError {
+    fn from(s: String) -> Self {
+        InvariantError(s)
+    }
+}
+
+/// A size that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid size `{input}`: {why}")]
+pub struct SizeError {
+    /// The text given.
+    pub input: String,
+    /// What is wrong with it.
+    pub why: String,
+}
+
 /// Parses a size such as `80GiB`, `512MiB`, `16GB`, `4096` (bytes).
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, SizeError> {
+    let err = |why: String| SizeError { input: s.to_string(), why };
     let t = s.trim();
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let value: f64 =
-        num.parse().map_err(|_| format!("invalid size `{s}`: expected a number followed by a unit such as GiB"))?;
+    let value: f64 = num.parse().map_err(|_| err("expected a number followed by a unit such as GiB".into()))?;
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kib" => KIB as f64,
@@ -190,11 +211,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "mb" => 1e6,
         "gb" => 1e9,
         "tb" => 1e12,
-        other => return Err(format!("invalid size `{s}`: unknown unit `{other}`")),
+        other => return Err(err(format!("unknown unit `{other}`"))),
     };
     let bytes = value * mult;
     if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
-        return Err(format!("invalid size `{s}`: out of range"));
+        return Err(err("out of range".into()));
     }
     Ok(bytes.round() as u64)
 }

@@ -15,24 +15,12 @@ use wasmem::decision::{
 use wasmem::device::sim::{SimConfig, SimDevice};
 use wasmem::types::{Phase, StreamId, TensorId, TensorKind, MIB};
 
-#[derive(Debug, Clone)]
-enum Action {
-    Alloc { bytes: u64, kind: usize, stream: u32 },
-    Free(usize),
-    Use(usize, u32),
-    Phase(usize),
-    Bad(usize),
-}
+mod common;
 
-fn action() -> impl Strategy<Value = Action> {
-    prop_oneof![
-        6 => (prop_oneof![1u64..2048, 2048u64..(2 * MIB), (2 * MIB)..(24 * MIB)], 0usize..6, 0u32..3)
-            .prop_map(|(bytes, kind, stream)| Action::Alloc { bytes, kind, stream }),
-        4 => any::<usize>().prop_map(Action::Free),
-        2 => (any::<usize>(), 0u32..3).prop_map(|(i, s)| Action::Use(i, s)),
-        1 => (0usize..4).prop_map(Action::Phase),
-        1 => (0usize..4).prop_map(Action::Bad),
-    ]
+use common::model::{action, check_all, Action, Coverage, Live, Mix};
+
+fn mix() -> Mix {
+    Mix { bad: 1, ..Mix::default() }
 }
 
 /// A placement policy that answers wrongly in every way it can.
@@ -105,42 +93,6 @@ fn policies(name: &str) -> Policies {
     }
 }
 
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) % 251) as u8).collect()
-}
-
-/// Regions of a tensor that the test writes and checks: all of a small
-/// tensor, the head and tail of a large one.
-fn regions(bytes: u64) -> Vec<(u64, usize)> {
-    if bytes <= 128 {
-        vec![(0, bytes as usize)]
-    } else {
-        vec![(0, 64), (bytes - 64, 64)]
-    }
-}
-
-struct Live {
-    id: TensorId,
-    bytes: u64,
-    seed: u64,
-}
-
-fn fill(a: &mut Allocator<SimDevice>, l: &Live) {
-    for (off, n) in regions(l.bytes) {
-        a.write(l.id, off, &pattern(l.seed ^ off, n)).unwrap();
-    }
-}
-
-fn check_contents(a: &mut Allocator<SimDevice>, live: &[Live]) {
-    for l in live {
-        for (off, n) in regions(l.bytes) {
-            let mut got = vec![0u8; n];
-            a.read(l.id, off, &mut got).unwrap();
-            assert_eq!(got, pattern(l.seed ^ off, n), "contents of {} at {off} corrupted", l.id);
-        }
-    }
-}
-
 fn run(name: &str, actions: Vec<Action>) {
     let dev = SimDevice::new(SimConfig { capacity: 96 * MIB, host_backed: true, ..SimConfig::default() });
     let mut a = Allocator::new(dev, policies(name));
@@ -156,7 +108,7 @@ fn run(name: &str, actions: Vec<Action>) {
                     Ok(id) => {
                         seed += 1;
                         let l = Live { id, bytes, seed };
-                        fill(&mut a, &l);
+                        l.fill(&mut a, Coverage::HeadAndTail);
                         live.push(l);
                     }
                     Err(AllocError::OutOfMemory { .. }) => {
@@ -164,7 +116,7 @@ fn run(name: &str, actions: Vec<Action>) {
                         assert_eq!(before, after, "an OOM moved a live tensor");
                         assert_eq!(g.live_bytes, a.gauges().live_bytes);
                         assert_eq!(g.allocated_bytes, a.gauges().allocated_bytes);
-                        check_contents(&mut a, &live);
+                        check_all(&mut a, &live, Coverage::HeadAndTail);
                     }
                     Err(e) => panic!("unexpected error {e}"),
                 }
@@ -199,7 +151,7 @@ fn run(name: &str, actions: Vec<Action>) {
         let s = a.stats();
         assert_eq!(s.allocs - s.frees, live.len() as u64);
     }
-    check_contents(&mut a, &live);
+    check_all(&mut a, &live, Coverage::HeadAndTail);
     for l in live.drain(..) {
         a.free(l.id).unwrap();
     }
@@ -211,19 +163,19 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     #[test]
-    fn naive(actions in prop::collection::vec(action(), 1..300)) { run("naive", actions) }
+    fn naive(actions in prop::collection::vec(action(&mix()), 1..300)) { run("naive", actions) }
 
     #[test]
-    fn pytorch(actions in prop::collection::vec(action(), 1..300)) { run("pytorch", actions) }
+    fn pytorch(actions in prop::collection::vec(action(&mix()), 1..300)) { run("pytorch", actions) }
 
     #[test]
-    fn lifecycle(actions in prop::collection::vec(action(), 1..300)) { run("lifecycle", actions) }
+    fn lifecycle(actions in prop::collection::vec(action(&mix()), 1..300)) { run("lifecycle", actions) }
 
     #[test]
-    fn faulty_policies(actions in prop::collection::vec(action(), 1..300)) { run("chaos", actions) }
+    fn faulty_policies(actions in prop::collection::vec(action(&mix()), 1..300)) { run("chaos", actions) }
 
     #[test]
-    fn faulty_placement(actions in prop::collection::vec(action(), 1..300)) { run("chaos-default-reclaim", actions) }
+    fn faulty_placement(actions in prop::collection::vec(action(&mix()), 1..300)) { run("chaos-default-reclaim", actions) }
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! The command line as users run it: exit codes, messages, and deterministic
 //! metrics across `replay`, `compare` (parallel) and repeated runs.
+#![cfg(feature = "wasm")]
 
 use std::process::Command;
 

@@ -44,7 +44,7 @@ fn ranks(n: usize, policy: &str) -> Vec<SharedAllocator<SimDevice>> {
 }
 
 fn server(path: &Path, ranks: &[SharedAllocator<SimDevice>], opts: ServerOptions) -> CtlServer {
-    let ctl = RankControl::new(ranks.to_vec(), Arc::new(common::relaxed_runtime()));
+    let ctl = RankControl::new(ranks.to_vec(), common::loader());
     CtlServer::start(path, ctl.into_arc(), opts).unwrap()
 }
 
@@ -70,12 +70,9 @@ fn socket_and_directory_are_owner_only_and_removed_at_drop() {
     assert_eq!(sm.permissions().mode() & 0o777, 0o600);
     assert_eq!(status(&path).ranks.len(), 1);
     // A second server on the same live socket is refused.
-    let e = CtlServer::start(
-        &path,
-        RankControl::new(rs.clone(), Arc::new(common::relaxed_runtime())).into_arc(),
-        ServerOptions::default(),
-    )
-    .unwrap_err();
+    let e =
+        CtlServer::start(&path, RankControl::new(rs.clone(), common::loader()).into_arc(), ServerOptions::default())
+            .unwrap_err();
     assert!(e.to_string().contains("in use"), "{e}");
     drop(srv);
     assert!(!path.exists(), "socket left behind");
@@ -95,11 +92,11 @@ fn socket_and_directory_are_owner_only_and_removed_at_drop() {
 fn an_open_directory_or_a_foreign_file_is_refused() {
     let d = dir("open");
     std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let rt = common::relaxed_runtime();
+    let rt = common::loader();
     let rs = ranks(1, "pytorch");
     let e = CtlServer::start(
         &d.join("w.sock"),
-        RankControl::new(rs.clone(), Arc::new(rt.clone())).into_arc(),
+        RankControl::new(rs.clone(), rt.clone()).into_arc(),
         ServerOptions::default(),
     )
     .unwrap_err();
@@ -107,8 +104,7 @@ fn an_open_directory_or_a_foreign_file_is_refused() {
     std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
     std::fs::write(d.join("f.sock"), b"not a socket").unwrap();
     let e =
-        CtlServer::start(&d.join("f.sock"), RankControl::new(rs, Arc::new(rt)).into_arc(), ServerOptions::default())
-            .unwrap_err();
+        CtlServer::start(&d.join("f.sock"), RankControl::new(rs, rt).into_arc(), ServerOptions::default()).unwrap_err();
     assert!(e.to_string().contains("not a socket"), "{e}");
     assert_eq!(std::fs::read(d.join("f.sock")).unwrap(), b"not a socket");
 }
@@ -272,6 +268,7 @@ fn a_swap_shows_in_status_and_decides_the_next_allocation() {
     assert_eq!(status(&path).ranks[1].counters.allocs, n);
 }
 
+#[cfg(feature = "wasm")]
 #[test]
 fn webassembly_swaps_through_the_socket() {
     if !["lru-evict", "pytorch-like"].iter().all(|n| wasmem::policy::shipped_candidates(n).iter().any(|p| p.is_file()))
@@ -347,7 +344,7 @@ fn status_reports_step_and_shadows() {
     let mut tap = sh.tap();
     tap(&Event::Alloc { id: 1, bytes: MIB, kind: TensorKind::Temp, stream: 0, t_us: None });
     tap(&Event::Free { id: 2, t_us: None });
-    let ctl = RankControl::new(rs.clone(), Arc::new(common::relaxed_runtime()))
+    let ctl = RankControl::new(rs.clone(), common::loader())
         .with_shadow(0, sh)
         .with_status_hook(Box::new(|s: &mut Status| s.step = Some(41)));
     let _srv = CtlServer::start(&path, ctl.into_arc(), ServerOptions::default()).unwrap();
@@ -362,6 +359,7 @@ fn status_reports_step_and_shadows() {
     assert!(text.contains("step 41") && text.contains("shadow of rank 0 (naive"), "{text}");
 }
 
+#[cfg(feature = "wasm")]
 fn wasmem(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_wasmem")).args(args).output().expect("run wasmem");
     (
@@ -371,6 +369,7 @@ fn wasmem(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+#[cfg(feature = "wasm")]
 #[test]
 fn cli_ctl_swaps_and_reports() {
     let d = dir("cli");
@@ -402,6 +401,7 @@ fn cli_ctl_swaps_and_reports() {
     assert!(err.contains("cannot connect to the control socket") && err.contains("none.sock"), "{err}");
 }
 
+#[cfg(feature = "wasm")]
 #[test]
 fn cli_ctl_finds_the_only_socket_of_the_default_directory() {
     let xdg = dir("xdg");
@@ -444,6 +444,7 @@ fn cli_ctl_finds_the_only_socket_of_the_default_directory() {
     drop(second);
 }
 
+#[cfg(feature = "wasm")]
 /// `wasmem ctl ARGS` run as the user `nobody` (needs root and `setpriv`).
 fn as_nobody(args: &[&str]) -> Option<(i32, String)> {
     if current_uid() != 0 || !Path::new("/usr/bin/setpriv").exists() {
@@ -458,6 +459,7 @@ fn as_nobody(args: &[&str]) -> Option<(i32, String)> {
     Some((out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned()))
 }
 
+#[cfg(feature = "wasm")]
 #[test]
 fn a_real_other_user_is_kept_out_twice() {
     let d = dir("nobody");

@@ -230,7 +230,12 @@ fn defrag_random_ops_stitch_on_sim() {
 /// the built-in policy set `policy`, with eight step ends;
 /// both ends of every tensor are tagged and checked at its free, invariants
 /// after every operation, and everything is given back at the end.
-fn random_ops<D: Device>(d: D, policy: &str, steps: u64, check: fn(&D) -> Result<(), String>) -> wasmem::alloc::Stats {
+fn random_ops<D: Device>(
+    d: D,
+    policy: &str,
+    steps: u64,
+    check: fn(&D) -> Result<(), wasmem::types::InvariantError>,
+) -> wasmem::alloc::Stats {
     let mut a = Allocator::with_builtin(d, policy).expect("builtin policy");
     let mut rng = Rng(0x5eed_cafe);
     let mut live: Vec<TensorId> = Vec::new();

@@ -14,41 +14,25 @@ use wasmem::decision::Policies;
 use wasmem::decision::{PolicyContext, PolicyError, ReclaimDecision, ReclaimTrigger, ReclamationPolicy};
 use wasmem::device::sim::{SimConfig, SimCost, SimDevice};
 use wasmem::device::Device;
-use wasmem::types::{Phase, StreamId, TensorId, TensorKind, MIB};
+use wasmem::types::{Phase, StreamId, TensorKind, MIB};
 
-#[derive(Debug, Clone)]
-enum Action {
-    Alloc {
-        bytes: u64,
-        stream: u32,
-    },
-    Free(usize),
-    Use(usize, u32),
-    /// Stream work on a tensor (a copy onto itself) pushes that stream's clock.
-    Work(usize, u32),
-    Advance(u32),
-    Phase(usize),
-    Compact {
-        large: bool,
-        budget_mib: u64,
-    },
-    Pin(usize),
-    Unpin(usize),
-}
+mod common;
 
-fn action() -> impl Strategy<Value = Action> {
-    prop_oneof![
-        6 => (prop_oneof![1u64..2048, 2048u64..(2 * MIB), (2 * MIB)..(12 * MIB)], 0u32..2)
-            .prop_map(|(bytes, stream)| Action::Alloc { bytes, stream }),
-        4 => any::<usize>().prop_map(Action::Free),
-        3 => (any::<usize>(), 0u32..3).prop_map(|(i, s)| Action::Use(i, s)),
-        2 => (any::<usize>(), 0u32..3).prop_map(|(i, s)| Action::Work(i, s)),
-        1 => (0u32..5000).prop_map(Action::Advance),
-        1 => (0usize..4).prop_map(Action::Phase),
-        2 => (any::<bool>(), 0u64..64).prop_map(|(large, budget_mib)| Action::Compact { large, budget_mib }),
-        1 => any::<usize>().prop_map(Action::Pin),
-        1 => any::<usize>().prop_map(Action::Unpin),
-    ]
+use common::model::{action, check_all, pattern, Action, Coverage, Live, Mix};
+
+fn mix() -> Mix {
+    Mix {
+        sizes: [1..2048, 2048..2 * MIB, 2 * MIB..12 * MIB],
+        kinds: 1,
+        streams: 2,
+        uses: 3,
+        work: 2,
+        advance: 1,
+        compact: 2,
+        pin: 1,
+        unpin: 1,
+        ..Mix::default()
+    }
 }
 
 /// Asks for a compaction of the large pool, with a budget of all its bytes, on every phase.
@@ -113,34 +97,6 @@ fn allocator_with(paged: bool) -> Allocator<SimDevice> {
     Allocator::new(device(), p)
 }
 
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) % 251) as u8).collect()
-}
-
-fn regions(bytes: u64) -> Vec<(u64, usize)> {
-    if bytes <= 128 {
-        vec![(0, bytes as usize)]
-    } else {
-        vec![(0, 64), (bytes - 64, 64)]
-    }
-}
-
-struct Live {
-    id: TensorId,
-    bytes: u64,
-    seed: u64,
-}
-
-fn check_contents(a: &mut Allocator<SimDevice>, live: &[Live]) {
-    for l in live {
-        for (off, n) in regions(l.bytes) {
-            let mut got = vec![0u8; n];
-            a.read(l.id, off, &mut got).unwrap();
-            assert_eq!(got, pattern(l.seed ^ off, n), "contents of {} at {off} corrupted", l.id);
-        }
-    }
-}
-
 /// (address, expected head bytes) of freed tensors whose block is pending.
 type Watched = Vec<(u64, Vec<u8>)>;
 
@@ -151,7 +107,7 @@ fn run(actions: Vec<Action>, paged: bool) {
     let mut seed = 0u64;
     for act in actions {
         match act {
-            Action::Alloc { bytes, stream } => {
+            Action::Alloc { bytes, stream, .. } => {
                 let before = a.pending_frees();
                 match a.alloc(bytes, TensorKind::Activation, StreamId(stream)) {
                     Ok(id) => {
@@ -163,9 +119,7 @@ fn run(actions: Vec<Action>, paged: bool) {
                         }
                         seed += 1;
                         let l = Live { id, bytes, seed };
-                        for (off, n) in regions(bytes) {
-                            a.write(id, off, &pattern(seed ^ off, n)).unwrap();
-                        }
+                        l.fill(&mut a, Coverage::HeadAndTail);
                         live.push(l);
                     }
                     Err(AllocError::OutOfMemory { .. }) => {}
@@ -176,7 +130,7 @@ fn run(actions: Vec<Action>, paged: bool) {
                 let l = live.swap_remove(i % live.len());
                 let addr = a.address(l.id).unwrap();
                 let n = l.bytes.min(64) as usize;
-                let head = pattern(l.seed, n);
+                let head = pattern(l.seed, 0, n);
                 a.free(l.id).unwrap();
                 if a.pending_frees().iter().any(|p| p.addr == addr) {
                     watched.push((addr, head));
@@ -211,7 +165,7 @@ fn run(actions: Vec<Action>, paged: bool) {
         a.check_invariants().unwrap_or_else(|e| panic!("{e}"));
         a.device().check_invariants().unwrap();
         assert_eq!(a.live_tensors(), live.len(), "a tensor was lost");
-        check_contents(&mut a, &live);
+        check_all(&mut a, &live, Coverage::HeadAndTail);
         // Pending blocks keep the bytes of the tensor freed into them.
         let pending = a.pending_frees();
         watched.retain(|(addr, _)| pending.iter().any(|p| p.addr == *addr));
@@ -235,12 +189,12 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     #[test]
-    fn deferred_frees_and_compaction(actions in prop::collection::vec(action(), 1..300)) { run(actions, false) }
+    fn deferred_frees_and_compaction(actions in prop::collection::vec(action(&mix()), 1..300)) { run(actions, false) }
 
     /// The same with paged segments, stitching on every growth and trimming
     /// on every phase: contents survive every cut and remap.
     #[test]
-    fn stitching_and_trimming(actions in prop::collection::vec(action(), 1..300)) { run(actions, true) }
+    fn stitching_and_trimming(actions in prop::collection::vec(action(&mix()), 1..300)) { run(actions, true) }
 }
 
 #[test]
@@ -285,7 +239,7 @@ fn compaction_releases_a_segment_and_keeps_contents() {
     // 20 MiB requests get their own 20 MiB segments; 8 MiB ones share 20 MiB segments.
     let ids: Vec<_> = (0..4).map(|_| a.alloc(8 * MIB, TensorKind::Activation, StreamId(0)).unwrap()).collect();
     for (i, &id) in ids.iter().enumerate() {
-        a.write(id, 0, &pattern(i as u64, 4096)).unwrap();
+        a.write(id, 0, &pattern(i as u64, 0, 4096)).unwrap();
     }
     let reserved = a.gauges().reserved_bytes;
     a.free(ids[1]).unwrap();
@@ -296,7 +250,7 @@ fn compaction_releases_a_segment_and_keeps_contents() {
     for i in [0usize, 3] {
         let mut got = vec![0u8; 4096];
         a.read(ids[i], 0, &mut got).unwrap();
-        assert_eq!(got, pattern(i as u64, 4096));
+        assert_eq!(got, pattern(i as u64, 0, 4096));
     }
     let s = a.stats();
     assert_eq!((s.moved_bytes, s.compactions, s.gc_pauses), (8 * MIB, 1, 1));
@@ -345,7 +299,7 @@ fn stitching_reuses_the_pages_of_holes() {
     let ids: Vec<_> = (0..5).map(|_| a.alloc(4 * MIB, TensorKind::Activation, StreamId(0)).unwrap()).collect();
     let addrs: Vec<_> = ids.iter().map(|&id| a.address(id).unwrap()).collect();
     for (i, &id) in ids.iter().enumerate() {
-        a.write(id, 0, &pattern(i as u64, 4096)).unwrap();
+        a.write(id, 0, &pattern(i as u64, 0, 4096)).unwrap();
     }
     assert_eq!((a.gauges().reserved_bytes, a.gauges().segments), (20 * MIB, 1));
     a.free(ids[1]).unwrap();
@@ -353,7 +307,7 @@ fn stitching_reuses_the_pages_of_holes() {
     // 8 MiB fits no 4 MiB hole: the growth (a 20 MiB segment) takes the holes'
     // four pages and six fresh ones.
     let big = a.alloc(8 * MIB, TensorKind::Activation, StreamId(0)).unwrap();
-    a.write(big, 8 * MIB - 4096, &pattern(99, 4096)).unwrap();
+    a.write(big, 8 * MIB - 4096, &pattern(99, 0, 4096)).unwrap();
     let s = a.stats();
     assert_eq!((s.stitches, s.stitched_bytes), (1, 8 * MIB));
     assert_eq!(a.gauges().reserved_bytes, 32 * MIB, "20 MiB + 6 fresh pages, not 40 MiB");
@@ -362,11 +316,11 @@ fn stitching_reuses_the_pages_of_holes() {
         assert_eq!(a.address(ids[i]).unwrap(), addrs[i], "a live tensor moved");
         let mut got = vec![0u8; 4096];
         a.read(ids[i], 0, &mut got).unwrap();
-        assert_eq!(got, pattern(i as u64, 4096));
+        assert_eq!(got, pattern(i as u64, 0, 4096));
     }
     let mut got = vec![0u8; 4096];
     a.read(big, 8 * MIB - 4096, &mut got).unwrap();
-    assert_eq!(got, pattern(99, 4096));
+    assert_eq!(got, pattern(99, 0, 4096));
     a.check_invariants().unwrap();
     a.device().check_invariants().unwrap();
     // Trimming gives free pages back without a device synchronization.

@@ -12,6 +12,7 @@
 //! name one are skipped with a message when it is not built.
 //!
 //! `WASMEM_BLESS=1 cargo test --release --test golden_cli` rewrites the files.
+#![cfg(feature = "wasm")]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,4 +1,5 @@
 //! `policy::check`: shipped policies pass; hostile ones fail with the reason.
+#![cfg(feature = "wasm")]
 
 mod common;
 

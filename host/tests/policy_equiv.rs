@@ -1,6 +1,7 @@
 //! The WebAssembly `pytorch-like` policy decides exactly like the native
 //! `pytorch` policy: call by call over random requests, and over whole
 //! allocator runs (same addresses, same statistics).
+#![cfg(feature = "wasm")]
 
 mod common;
 

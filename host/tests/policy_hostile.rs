@@ -1,6 +1,7 @@
 //! The hostile corpus against the engine: for each misbehaviour the engine
 //! keeps serving, the counters say exactly what happened, the invariants
 //! hold, no tensor is lost, and the error names the policy and the cause.
+#![cfg(feature = "wasm")]
 
 mod common;
 

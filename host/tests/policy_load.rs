@@ -1,5 +1,6 @@
 //! Loading policy components: role detection, the artifact cache, version and
 //! export errors, configuration errors, spec resolution.
+#![cfg(feature = "wasm")]
 
 mod common;
 

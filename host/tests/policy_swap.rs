@@ -1,6 +1,7 @@
 //! Hot swap under load: threads allocate and free while another thread swaps
 //! policies; no allocation fails or is served twice. State transfer and an
 //! aborted swap.
+#![cfg(feature = "wasm")]
 
 mod common;
 

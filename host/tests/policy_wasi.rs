@@ -2,6 +2,7 @@
 //! interfaces) runs under the deny-all context and decides validly.
 //! Skipped unless `size-class.wasm` was built (`policies/build.sh`, or
 //! `$WASMEM_POLICY_DIR`): building it needs componentize-py.
+#![cfg(feature = "wasm")]
 
 mod common;
 

@@ -117,6 +117,7 @@ fn a_failing_shadow_never_reaches_the_primary() {
     assert_eq!(sm.device_capacity_bytes, GIB);
 }
 
+#[cfg(feature = "wasm")]
 fn wasmem(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_wasmem")).args(args).output().expect("run wasmem");
     (
@@ -126,10 +127,12 @@ fn wasmem(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+#[cfg(feature = "wasm")]
 fn json(stdout: &str) -> serde_json::Value {
     serde_json::from_str(stdout.trim()).expect("one JSON object")
 }
 
+#[cfg(feature = "wasm")]
 /// A metrics object without timing and labels.
 fn core(v: &serde_json::Value) -> serde_json::Value {
     let mut v = v.clone();
@@ -140,6 +143,7 @@ fn core(v: &serde_json::Value) -> serde_json::Value {
     v
 }
 
+#[cfg(feature = "wasm")]
 fn shipped(name: &str) -> bool {
     let found = wasmem::policy::shipped_candidates(name).iter().any(|p| p.is_file());
     if !found {
@@ -148,6 +152,7 @@ fn shipped(name: &str) -> bool {
     found
 }
 
+#[cfg(feature = "wasm")]
 #[test]
 fn cli_shadow_prints_what_a_replay_of_the_shadow_policy_prints() {
     let mut pairs = vec![("pytorch", "lifecycle"), ("lifecycle", "naive")];

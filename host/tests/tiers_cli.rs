@@ -3,6 +3,7 @@
 //! eviction policy (built-in and WebAssembly), and Belady, the offline bound,
 //! moves no more bytes between tiers than any other. Skipped cleanly without
 //! `../shared/traces`.
+#![cfg(feature = "wasm")]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -16,26 +16,21 @@ use wasmem::device::sim::{SimConfig, SimDevice};
 use wasmem::tier::TierConfig;
 use wasmem::types::{Phase, StreamId, TensorId, TensorKind, Tier, MIB};
 
-#[derive(Debug, Clone)]
-enum Action {
-    Alloc { bytes: u64, kind: usize, stream: u32 },
-    Free(usize),
-    Use(usize, u32),
-    Evict(usize),
-    Pin(usize),
-    Phase(usize),
-}
+mod common;
 
-fn action() -> impl Strategy<Value = Action> {
-    prop_oneof![
-        6 => (prop_oneof![1u64..4096, 4096u64..(MIB), MIB..(6 * MIB)], 0usize..6, 0u32..2)
-            .prop_map(|(bytes, kind, stream)| Action::Alloc { bytes, kind, stream }),
-        3 => any::<usize>().prop_map(Action::Free),
-        5 => (any::<usize>(), 0u32..2).prop_map(|(i, s)| Action::Use(i, s)),
-        2 => any::<usize>().prop_map(Action::Evict),
-        1 => any::<usize>().prop_map(Action::Pin),
-        1 => (0usize..4).prop_map(Action::Phase),
-    ]
+use common::model::{action, pattern, Action, Coverage, Live, Mix};
+
+fn mix() -> Mix {
+    Mix {
+        sizes: [1..4096, 4096..MIB, MIB..6 * MIB],
+        streams: 2,
+        use_streams: 2,
+        free: 3,
+        uses: 5,
+        evict: 2,
+        pin: 1,
+        ..Mix::default()
+    }
 }
 
 /// An eviction policy that answers wrongly in every way it can: the engine
@@ -78,16 +73,8 @@ fn policies(i: usize) -> Policies {
     }
 }
 
-/// The bytes written into the tensor with this seed.
-fn pattern(seed: u64, len: u64) -> Vec<u8> {
-    (0..len).map(|i| (seed.wrapping_mul(0x9E37_79B9).wrapping_add(i.wrapping_mul(31)) >> 3) as u8).collect()
-}
-
-fn check_contents(a: &mut Allocator<SimDevice>, id: TensorId, bytes: u64, seed: u64) -> Result<(), TestCaseError> {
-    let mut out = vec![0u8; bytes as usize];
-    a.read(id, 0, &mut out).map_err(|e| TestCaseError::fail(format!("read {id}: {e}")))?;
-    prop_assert!(out == pattern(seed, bytes), "{id} ({bytes} bytes) came back with other contents");
-    Ok(())
+fn check_contents(a: &mut Allocator<SimDevice>, l: &Live) -> Result<(), TestCaseError> {
+    l.check(a, Coverage::Full).map_err(TestCaseError::fail)
 }
 
 proptest! {
@@ -99,7 +86,7 @@ proptest! {
 
     #[test]
     fn contents_survive_every_move(
-        actions in prop::collection::vec(action(), 1..70),
+        actions in prop::collection::vec(action(&mix()), 1..70),
         capacity_mib in 42u64..56,
         host_kib in prop_oneof![Just(0u64), 1u64..4096, Just(1 << 20)],
         policy in 0usize..4,
@@ -116,7 +103,7 @@ proptest! {
             prefetch_headroom: 0.0,
             ..TierConfig::default()
         });
-        let mut live: Vec<(TensorId, u64, u64)> = Vec::new();
+        let mut live: Vec<Live> = Vec::new();
         let mut seed = 1u64;
         let mut moved_off = 0u64;
         for act in &actions {
@@ -126,25 +113,27 @@ proptest! {
                         .alloc(bytes, TensorKind::ALL[kind], StreamId(stream))
                         .map_err(|e| TestCaseError::fail(format!("alloc of {bytes}: {e}")))?;
                     seed += 1;
-                    a.write(id, 0, &pattern(seed, bytes)).unwrap();
-                    live.push((id, bytes, seed));
+                    let l = Live { id, bytes, seed };
+                    l.fill(&mut a, Coverage::Full);
+                    live.push(l);
                 }
                 Action::Free(i) if !live.is_empty() => {
-                    let (id, _, _) = live.swap_remove(i % live.len());
-                    a.free(id).unwrap();
+                    let l = live.swap_remove(i % live.len());
+                    a.free(l.id).unwrap();
                 }
                 Action::Use(i, s) if !live.is_empty() => {
-                    let (id, bytes, seed) = live[i % live.len()];
+                    let l = live[i % live.len()];
+                    let id = l.id;
                     let was = a.tier(id).unwrap();
                     a.use_tensor(id, Some(StreamId(s))).map_err(|e| TestCaseError::fail(format!("use {id}: {e}")))?;
                     prop_assert_eq!(a.tier(id).unwrap(), Tier::Device);
                     if was != Tier::Device {
                         moved_off += 1;
                     }
-                    check_contents(&mut a, id, bytes, seed)?;
+                    check_contents(&mut a, &l)?;
                 }
                 Action::Evict(i) if !live.is_empty() => {
-                    let (id, _, _) = live[i % live.len()];
+                    let id = live[i % live.len()].id;
                     a.evict(&[id]).unwrap();
                     // A pinned tensor stays; anything else leaves the device.
                     prop_assert_eq!(a.tier(id).unwrap() == Tier::Device, a.is_pinned(id));
@@ -152,13 +141,14 @@ proptest! {
                 Action::Pin(i) if !live.is_empty() => {
                     // Pin one tensor (bringing it back) or unpin it; at most one pinned at a time
                     // keeps every request servable.
-                    let (id, bytes, seed) = live[i % live.len()];
+                    let l = live[i % live.len()];
+                    let id = l.id;
                     if a.is_pinned(id) {
                         a.unpin(id).unwrap();
-                    } else if live.iter().all(|&(o, _, _)| !a.is_pinned(o)) {
+                    } else if live.iter().all(|o| !a.is_pinned(o.id)) {
                         a.pin(id).map_err(|e| TestCaseError::fail(format!("pin {id}: {e}")))?;
                         prop_assert_eq!(a.tier(id).unwrap(), Tier::Device);
-                        check_contents(&mut a, id, bytes, seed)?;
+                        check_contents(&mut a, &l)?;
                     }
                 }
                 Action::Phase(p) => a.phase(Phase::ALL[p], 0).unwrap(),
@@ -168,8 +158,8 @@ proptest! {
         }
         prop_assert_eq!(a.stats().ooms, 0);
         // Every survivor, wherever it is, still has its bytes.
-        for &(id, bytes, seed) in &live {
-            check_contents(&mut a, id, bytes, seed)?;
+        for l in &live {
+            check_contents(&mut a, l)?;
         }
         a.check_invariants().map_err(|e| TestCaseError::fail(e.0))?;
         let ts = a.tier_stats();
@@ -195,7 +185,7 @@ fn free_removes_spill_files() {
     });
     let ids: Vec<TensorId> = (0..4).map(|_| a.alloc(3 * MIB, TensorKind::Activation, StreamId(0)).unwrap()).collect();
     for (k, &id) in ids.iter().enumerate() {
-        a.write(id, 0, &pattern(k as u64, 3 * MIB)).unwrap();
+        a.write(id, 0, &pattern(k as u64, 0, (3 * MIB) as usize)).unwrap();
     }
     a.evict(&ids).unwrap();
     assert_eq!(std::fs::read_dir(spill.path()).unwrap().count(), 4);
@@ -205,7 +195,7 @@ fn free_removes_spill_files() {
     assert_eq!(std::fs::read_dir(spill.path()).unwrap().count(), 2);
     let mut out = vec![0u8; (3 * MIB) as usize];
     a.read(ids[2], 0, &mut out).unwrap();
-    assert!(out == pattern(2, 3 * MIB));
+    assert!(out == pattern(2, 0, (3 * MIB) as usize));
     assert_eq!(std::fs::read_dir(spill.path()).unwrap().count(), 1, "a tensor brought back leaves no file");
     a.check_invariants().unwrap();
     let ts = a.tier_stats();
@@ -222,7 +212,7 @@ fn prefetch_overlaps_the_copy_with_the_workload() {
         let mut a = Allocator::new(dev, builtin::by_name("lru").unwrap());
         a.enable_tiers(TierConfig { copy_contents: true, prefetch, prefetch_headroom: 0.0, ..TierConfig::default() });
         let x = a.alloc(8 * MIB, TensorKind::Activation, StreamId(0)).unwrap();
-        a.write(x, 0, &pattern(9, 8 * MIB)).unwrap();
+        a.write(x, 0, &pattern(9, 0, (8 * MIB) as usize)).unwrap();
         let big = a.alloc(32 * MIB, TensorKind::Activation, StreamId(0)).unwrap();
         a.evict(&[x]).unwrap();
         // The second forward is the first boundary whose phase ran before.
@@ -234,7 +224,7 @@ fn prefetch_overlaps_the_copy_with_the_workload() {
         a.use_tensor(x, None).unwrap();
         let mut out = vec![0u8; (8 * MIB) as usize];
         a.read(x, 0, &mut out).unwrap();
-        assert!(out == pattern(9, 8 * MIB));
+        assert!(out == pattern(9, 0, (8 * MIB) as usize));
         a.check_invariants().unwrap();
         (a.tier_stats().stall_us - before, a.stats().prefetched_bytes, a.tier_stats().fetched_bytes)
     };

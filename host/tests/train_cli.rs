@@ -1,4 +1,5 @@
 //! `wasmem train` and `wasmem synth --zero` as users run them.
+#![cfg(feature = "wasm")]
 
 use std::process::Command;
 

@@ -1,6 +1,7 @@
 //! Live control of a running `wasmem train --ctl` (default socket path)
 //! from `wasmem ctl` without `--socket`: a swap mid-run shows in `status`,
 //! changes no loss, and a `--shadow` is reported by `status`.
+#![cfg(feature = "wasm")]
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::DirBuilderExt;

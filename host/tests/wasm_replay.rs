@@ -3,6 +3,7 @@
 //! `pytorch-like` gives exactly the native `pytorch` metrics. Shipped policies
 //! are built by `policies/build.sh` (the test command runs it first); a
 //! missing one is reported and skipped.
+#![cfg(feature = "wasm")]
 
 use std::path::PathBuf;
 use std::time::Duration;

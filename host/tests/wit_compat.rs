@@ -2,6 +2,7 @@
 //! prebuilt fixtures of `tests/data/wit-0.1.0`) load and decide exactly as
 //! the same policies rebuilt against 0.2.0; a 0.2.0 plan's compaction,
 //! stitching, trimming and paged-segments request reach the engine.
+#![cfg(feature = "wasm")]
 
 mod common;
 

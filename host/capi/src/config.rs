@@ -67,7 +67,7 @@ impl Config {
             None | Some("cuda") => Backend::Cuda,
             Some("sim") => {
                 let capacity = match get("WASMEM_SIM_CAPACITY") {
-                    Some(s) => parse_size(&s).map_err(ConfigError::Capacity)?,
+                    Some(s) => parse_size(&s).map_err(|e| ConfigError::Capacity(e.to_string()))?,
                     None => DEFAULT_SIM_CAPACITY,
                 };
                 Backend::Sim { capacity }

@@ -82,7 +82,7 @@ fn state() -> Result<&'static Mutex<State>, Failure> {
             log::init();
             let config = Config::from_env().map_err(|e| e.to_string())?;
             let tracing_on = config.trace_out.is_some();
-            let s = State::new(config)?;
+            let s = State::new(config).map_err(|e| e.to_string())?;
             if tracing_on {
                 register_exit_hook();
             }
@@ -277,10 +277,10 @@ fn register_exit_hook() {
 
 /// Checks the state's invariants (see [`state`]); `Ok` before the first
 /// call. For tests: a Rust function, not exported from the C library.
-pub fn check_state() -> Result<(), String> {
+pub fn check_state() -> Result<(), wasmem::types::InvariantError> {
     match STATE.get() {
         Some(Ok(m)) => lock(m).check_invariants(),
-        Some(Err(e)) => Err(format!("not initialized: {e}")),
+        Some(Err(e)) => Err(wasmem::types::InvariantError(format!("not initialized: {e}"))),
         None => Ok(()),
     }
 }

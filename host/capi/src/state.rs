@@ -21,8 +21,9 @@ use wasmem::alloc::AllocError;
 use wasmem::builtin;
 use wasmem::decision::{Policies, Role};
 use wasmem::driver::DriveError;
-use wasmem::spec::Resolved;
+use wasmem::spec::{Resolved, SpecError};
 use wasmem::trace::{Event, TraceHeader};
+use wasmem::types::InvariantError;
 use wasmem::types::{StreamId, TensorKind};
 
 use crate::config::{Backend, Config};
@@ -59,8 +60,18 @@ struct Live {
 
 /// Resolves a policy spec: built-in names without starting the WebAssembly
 /// runtime, components through the global one ([`wasmem::policy::resolve`]).
-pub fn resolve_spec(spec: &str) -> Result<Resolved, String> {
-    wasmem::policy::resolve(spec).map_err(|e| e.to_string())
+pub fn resolve_spec(spec: &str) -> Result<Resolved, SpecError> {
+    wasmem::policy::resolve(spec)
+}
+
+/// The configured policy does not resolve.
+#[derive(Debug, thiserror::Error)]
+#[error("WASMEM_POLICY=`{spec}` does not resolve: {cause}")]
+pub struct PolicyConfigError {
+    /// The spec.
+    pub spec: String,
+    /// Why.
+    pub cause: SpecError,
 }
 
 /// The library's state (see the module documentation).
@@ -95,9 +106,9 @@ impl std::fmt::Debug for State {
 impl State {
     /// A state for `config`: resolves its policy spec now (the device is
     /// opened at the first allocation).
-    pub fn new(config: Config) -> Result<State, String> {
+    pub fn new(config: Config) -> Result<State, PolicyConfigError> {
         let policies = resolve_spec(&config.policy)
-            .map_err(|e| format!("WASMEM_POLICY=`{}` does not resolve: {e}", config.policy))?
+            .map_err(|cause| PolicyConfigError { spec: config.policy.clone(), cause })?
             .policies;
         Ok(State {
             policy: config.policy.clone(),
@@ -307,7 +318,11 @@ impl State {
     }
 
     /// Checks the invariants of the module documentation.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub fn check_invariants(&self) -> Result<(), InvariantError> {
+        self.check_all().map_err(InvariantError)
+    }
+
+    fn check_all(&self) -> Result<(), String> {
         if let Some(e) = &self.engine {
             let s = e.stats();
             if s.allocs - s.frees != self.live.len() as u64 {

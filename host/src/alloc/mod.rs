@@ -158,10 +158,7 @@ impl From<DeviceError> for AllocError {
     }
 }
 
-/// An invariant of the allocator does not hold (a bug): what and where.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct InvariantError(pub String);
+pub use crate::types::InvariantError;
 
 /// A read-only view of one live tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

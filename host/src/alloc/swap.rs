@@ -92,8 +92,8 @@ pub enum SwapError {
         old: String,
         /// The new policy.
         new: String,
-        /// The cause (a trap, or the policy's own error text).
-        cause: String,
+        /// The cause (a trap, or the policy's refusal).
+        cause: PolicyError,
     },
 }
 

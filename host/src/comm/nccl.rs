@@ -26,6 +26,23 @@ use super::{CommError, Communicator};
 /// Length of a NCCL unique id.
 pub const ID_BYTES: usize = 128;
 
+/// Why a NCCL rank could not join its group.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NcclError {
+    /// A launch variable (`RANK`, `WORLD_SIZE`, …) is missing or invalid.
+    #[error("{0}")]
+    Launch(String),
+    /// The exchange of rank 0's unique id over TCP failed.
+    #[error("{0}")]
+    Rendezvous(String),
+    /// The NCCL or CUDA driver library is not installed.
+    #[error("{NCCL_MISSING}")]
+    Unavailable,
+    /// A CUDA or NCCL call failed.
+    #[error("{0}")]
+    Driver(String),
+}
+
 /// Where this process sits in the job, from the launcher's environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Launch {
@@ -44,27 +61,30 @@ pub struct Launch {
 impl Launch {
     /// Reads `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`
     /// through `get` (e.g. `|k| std::env::var(k).ok()`); names the bad variable.
-    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
-        let num = |k: &str, default: Option<usize>| -> Result<usize, String> {
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Self, NcclError> {
+        let num = |k: &str, default: Option<usize>| -> Result<usize, NcclError> {
             match get(k) {
-                Some(v) => v.trim().parse().map_err(|_| format!("{k}={v} is not a non-negative integer")),
-                None => default.ok_or_else(|| format!("{k} is not set")),
+                Some(v) => {
+                    v.trim().parse().map_err(|_| NcclError::Launch(format!("{k}={v} is not a non-negative integer")))
+                }
+                None => default.ok_or_else(|| NcclError::Launch(format!("{k} is not set"))),
             }
         };
         let rank = num("RANK", None)?;
         let world_size = num("WORLD_SIZE", None)?;
         if world_size == 0 || rank >= world_size {
-            return Err(format!("RANK={rank} is not below WORLD_SIZE={world_size}"));
+            return Err(NcclError::Launch(format!("RANK={rank} is not below WORLD_SIZE={world_size}")));
         }
         let local_rank = num("LOCAL_RANK", Some(rank))?;
         let master_port = num("MASTER_PORT", Some(29500))?;
-        let master_port = u16::try_from(master_port).map_err(|_| format!("MASTER_PORT={master_port} is not a port"))?;
+        let master_port = u16::try_from(master_port)
+            .map_err(|_| NcclError::Launch(format!("MASTER_PORT={master_port} is not a port")))?;
         let master_addr = get("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".to_string());
         Ok(Launch { rank, world_size, local_rank, master_addr, master_port })
     }
 
     /// [`Launch::from_vars`] over the process environment.
-    pub fn from_env() -> Result<Self, String> {
+    pub fn from_env() -> Result<Self, NcclError> {
         Self::from_vars(|k| std::env::var(k).ok())
     }
 }
@@ -73,7 +93,15 @@ impl Launch {
 /// `MASTER_ADDR:MASTER_PORT` and sends the bytes to each of the other
 /// `world_size − 1` ranks, which connect (retrying until `timeout`) and read
 /// them. Returns the id every rank uses.
-pub fn exchange_id(launch: &Launch, id: Option<[u8; ID_BYTES]>, timeout: Duration) -> Result<[u8; ID_BYTES], String> {
+pub fn exchange_id(
+    launch: &Launch,
+    id: Option<[u8; ID_BYTES]>,
+    timeout: Duration,
+) -> Result<[u8; ID_BYTES], NcclError> {
+    exchange(launch, id, timeout).map_err(NcclError::Rendezvous)
+}
+
+fn exchange(launch: &Launch, id: Option<[u8; ID_BYTES]>, timeout: Duration) -> Result<[u8; ID_BYTES], String> {
     let deadline = Instant::now() + timeout;
     let addr = format!("{}:{}", launch.master_addr, launch.master_port);
     if launch.rank == 0 {
@@ -165,15 +193,16 @@ impl std::fmt::Debug for NcclComm {
 
 impl NcclComm {
     /// Joins the group described by `launch` (rendezvous bounded by `timeout`).
-    pub fn new(launch: &Launch, timeout: Duration) -> Result<Self, String> {
+    pub fn new(launch: &Launch, timeout: Duration) -> Result<Self, NcclError> {
         if !nccl_present() {
-            return Err(NCCL_MISSING.into());
+            return Err(NcclError::Unavailable);
         }
-        let ctx = CudaContext::new(launch.local_rank)
-            .map_err(|e| format!("rank {}: cannot open GPU {}: {e:?}", launch.rank, launch.local_rank))?;
+        let ctx = CudaContext::new(launch.local_rank).map_err(|e| {
+            NcclError::Driver(format!("rank {}: cannot open GPU {}: {e:?}", launch.rank, launch.local_rank))
+        })?;
         let stream = ctx.default_stream();
         let mine = if launch.rank == 0 {
-            let id = Id::new().map_err(|e| format!("rank 0: ncclGetUniqueId failed: {e:?}"))?;
+            let id = Id::new().map_err(|e| NcclError::Driver(format!("rank 0: ncclGetUniqueId failed: {e:?}")))?;
             Some(id.internal().map(|c| c as u8))
         } else {
             None
@@ -181,7 +210,7 @@ impl NcclComm {
         let bytes = exchange_id(launch, mine, timeout)?;
         let id = Id::uninit(bytes.map(|b| b as ::core::ffi::c_char));
         let comm = Comm::from_rank(stream.clone(), launch.rank, launch.world_size, id)
-            .map_err(|e| format!("rank {}: ncclCommInitRank failed: {e:?}", launch.rank))?;
+            .map_err(|e| NcclError::Driver(format!("rank {}: ncclCommInitRank failed: {e:?}", launch.rank)))?;
         Ok(NcclComm { comm, stream, rank: launch.rank, n: launch.world_size, sent: 0 })
     }
 
@@ -286,11 +315,13 @@ mod tests {
     fn launch_environment() {
         let l = Launch::from_vars(vars(&[("RANK", "1"), ("WORLD_SIZE", "2")])).unwrap();
         assert_eq!((l.rank, l.world_size, l.local_rank, l.master_port), (1, 2, 1, 29500));
-        assert_eq!(Launch::from_vars(vars(&[("WORLD_SIZE", "2")])).unwrap_err(), "RANK is not set");
-        assert!(Launch::from_vars(vars(&[("RANK", "2"), ("WORLD_SIZE", "2")])).unwrap_err().contains("not below"));
-        assert!(Launch::from_vars(vars(&[("RANK", "x"), ("WORLD_SIZE", "2")])).unwrap_err().contains("RANK=x"));
+        assert_eq!(Launch::from_vars(vars(&[("WORLD_SIZE", "2")])).unwrap_err().to_string(), "RANK is not set");
+        let e = Launch::from_vars(vars(&[("RANK", "2"), ("WORLD_SIZE", "2")])).unwrap_err();
+        assert!(e.to_string().contains("not below"), "{e}");
+        let e = Launch::from_vars(vars(&[("RANK", "x"), ("WORLD_SIZE", "2")])).unwrap_err();
+        assert!(e.to_string().contains("RANK=x"), "{e}");
         let e = Launch::from_vars(vars(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "70000")])).unwrap_err();
-        assert!(e.contains("MASTER_PORT=70000"), "{e}");
+        assert!(e.to_string().contains("MASTER_PORT=70000"), "{e}");
     }
 
     #[test]
@@ -328,7 +359,7 @@ mod tests {
         let launch =
             Launch { rank: 1, world_size: 2, local_rank: 1, master_addr: "127.0.0.1".into(), master_port: port };
         let e = exchange_id(&launch, None, Duration::from_millis(300)).unwrap_err();
-        assert!(e.contains("cannot reach rank 0"), "{e}");
+        assert!(e.to_string().contains("cannot reach rank 0"), "{e}");
     }
 
     #[test]
@@ -339,6 +370,6 @@ mod tests {
         }
         let launch = Launch { rank: 0, world_size: 1, local_rank: 0, master_addr: "127.0.0.1".into(), master_port: 1 };
         let e = NcclComm::new(&launch, Duration::from_secs(1)).unwrap_err();
-        assert!(e.contains("no NCCL or CUDA driver library found"), "{e}");
+        assert!(e.to_string().contains("no NCCL or CUDA driver library found"), "{e}");
     }
 }

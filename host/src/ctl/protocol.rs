@@ -56,16 +56,21 @@ impl RoleArg {
     }
 
     /// Parses `placement`, `reclamation`, `eviction` or `all`.
-    pub fn parse(s: &str) -> Result<RoleArg, String> {
+    pub fn parse(s: &str) -> Result<RoleArg, UnknownRole> {
         match s {
             "placement" => Ok(RoleArg::Placement),
             "reclamation" => Ok(RoleArg::Reclamation),
             "eviction" => Ok(RoleArg::Eviction),
             "all" => Ok(RoleArg::All),
-            other => Err(format!("unknown role `{other}` (expected placement, reclamation, eviction or all)")),
+            other => Err(UnknownRole(other.to_string())),
         }
     }
 }
+
+/// A role name that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown role `{0}` (expected placement, reclamation, eviction or all)")]
+pub struct UnknownRole(pub String);
 
 /// A request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

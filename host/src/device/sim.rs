@@ -220,7 +220,11 @@ impl SimDevice {
     }
 
     /// Checks the module's invariants; returns a description of the first violation.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub fn check_invariants(&self) -> Result<(), crate::types::InvariantError> {
+        self.check_all().map_err(crate::types::InvariantError)
+    }
+
+    fn check_all(&self) -> Result<(), String> {
         let seg: u64 = self.segments.values().map(|r| r.size).sum();
         let phys: u64 = self.physical.values().map(|p| p.size).sum();
         if seg + phys != self.counters.used_bytes {

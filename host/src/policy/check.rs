@@ -468,7 +468,11 @@ pub fn check_with(rt: &Runtime, path: &Path, opts: &CheckOptions) -> Verdict {
     match a.save_state() {
         Err(e) => v.push("state: save-state → load-state", Outcome::Fail, format!("save-state failed: {e}")),
         Ok(state) => {
-            match loaded.instantiate(&opts.config).map_err(|e| e.to_string()).and_then(|c| c.load_state(&state)) {
+            match loaded
+                .instantiate(&opts.config)
+                .map_err(|e| e.to_string())
+                .and_then(|c| c.load_state(&state).map_err(|e| e.to_string()))
+            {
                 Ok(()) => v.push("state: save-state → load-state", Outcome::Pass, format!("{} bytes", state.len())),
                 Err(e) => v.push("state: save-state → load-state", Outcome::Fail, format!("load-state failed: {e}")),
             }

@@ -260,12 +260,13 @@ impl WasmPolicy {
         self.lock().call(CallKind::Lifecycle, &PolicyContext::default(), |g, s| g.save_state(s))
     }
 
-    /// `lifecycle.load-state`: `Err` with the policy's message or the failure.
-    pub fn load_state(&self, state: &[u8]) -> Result<(), String> {
+    /// `lifecycle.load-state`: [`PolicyError::Refused`] with the policy's
+    /// message, or the failure.
+    pub fn load_state(&self, state: &[u8]) -> Result<(), PolicyError> {
         match self.lock().call(CallKind::Lifecycle, &PolicyContext::default(), |g, s| g.load_state(s, state)) {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(msg)) => Err(msg),
-            Err(e) => Err(e.to_string()),
+            Ok(Err(msg)) => Err(PolicyError::Refused(msg)),
+            Err(e) => Err(e),
         }
     }
 
@@ -300,7 +301,7 @@ impl PolicyState for WasmPolicy {
         WasmPolicy::save_state(self)
     }
 
-    fn load_state(&self, state: &[u8]) -> Result<(), String> {
+    fn load_state(&self, state: &[u8]) -> Result<(), PolicyError> {
         WasmPolicy::load_state(self, state)
     }
 }

@@ -67,6 +67,14 @@ pub enum SessionError {
         /// The run's steps.
         steps: u64,
     },
+    /// The swap to a spec was refused.
+    #[error("swap to `{spec}`: {cause}")]
+    Swap {
+        /// The spec.
+        spec: String,
+        /// Why.
+        cause: crate::alloc::swap::SwapError,
+    },
     /// A rank's device cannot be opened.
     #[error("rank {rank}: device: {cause}")]
     Device {
@@ -233,9 +241,9 @@ impl Recorder {
 /// Swaps the roles `spec` provides into `alloc` (the one swap of
 /// [`crate::alloc::swap`]: between two decisions, carrying the state of a
 /// policy of the same name).
-pub fn swap_policy<D: Device>(alloc: &SharedAllocator<D>, loader: &Loader, spec: &str) -> Result<(), String> {
-    let resolved = resolve(spec, &**loader).map_err(|e| format!("policy `{spec}`: {e}"))?;
-    alloc.swap(resolved, &SwapOptions::default()).map_err(|e| format!("swap to `{spec}`: {e}"))?;
+pub fn swap_policy<D: Device>(alloc: &SharedAllocator<D>, loader: &Loader, spec: &str) -> Result<(), SessionError> {
+    let resolved = resolve(spec, &**loader).map_err(spec_err(spec, " (--swap-at)"))?;
+    alloc.swap(resolved, &SwapOptions::default()).map_err(|cause| SessionError::Swap { spec: spec.into(), cause })?;
     Ok(())
 }
 
@@ -356,7 +364,7 @@ impl<D: Device + 'static> TrainSession<D> {
             let loader = loader.clone();
             let hook: StepHook<D> = Arc::new(move |_rank, step, alloc| {
                 if step == at {
-                    swap_policy(alloc, &loader, &to)?;
+                    swap_policy(alloc, &loader, &to).map_err(|e| e.to_string())?;
                     // Peaks from here on belong to the new policy.
                     alloc.with(|a| a.reset_peaks());
                 }

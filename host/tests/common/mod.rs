@@ -3,11 +3,14 @@
 //! cache.
 #![allow(dead_code)]
 
+pub mod model;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+#[cfg(feature = "wasm")]
 use wasmem::policy::{CacheDir, Limits, Runtime, RuntimeConfig};
 
 /// The repository root.
@@ -85,14 +88,25 @@ pub fn cache_dir(tag: &str) -> PathBuf {
 }
 
 /// A runtime with `limits` and a private cache.
+#[cfg(feature = "wasm")]
 pub fn runtime_with(limits: Limits, tag: &str) -> Runtime {
     Runtime::new(RuntimeConfig { limits, epoch_tick: None, cache: CacheDir::At(cache_dir(tag)) }).expect("runtime")
 }
 
 /// A runtime whose deadline is generous enough that a loaded test machine
 /// never trips it (tests that count fallbacks exactly use this one).
+#[cfg(feature = "wasm")]
 pub fn relaxed_runtime() -> Runtime {
     runtime_with(Limits { deadline: Some(Duration::from_secs(2)), ..Limits::default() }, "relaxed")
+}
+
+/// The spec loader of tests that swap policies: the relaxed runtime, or
+/// the built-in policies only in a build without the `wasm` feature.
+pub fn loader() -> wasmem::spec::Loader {
+    #[cfg(feature = "wasm")]
+    return std::sync::Arc::new(relaxed_runtime());
+    #[cfg(not(feature = "wasm"))]
+    return std::sync::Arc::new(wasmem::spec::Builtins);
 }
 
 /// Skips the calling test (returns) when `$e` is `None`.

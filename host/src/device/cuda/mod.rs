@@ -189,8 +189,8 @@ impl CudaDevice {
 
     /// Checks the backend's bookkeeping: `used = Σ segments + Σ physical`,
     /// mappings inside reservations, each physical allocation mapped at most once.
-    pub fn check_invariants(&self) -> Result<(), String> {
-        self.book.check_invariants(self.counters.used_bytes)
+    pub fn check_invariants(&self) -> Result<(), crate::types::InvariantError> {
+        self.book.check_invariants(self.counters.used_bytes).map_err(crate::types::InvariantError)
     }
 
     /// Releases everything and returns the errors met on the way (also those
