@@ -3,6 +3,7 @@
 //! primary run (library and `wasmem replay --shadow`).
 
 use std::path::PathBuf;
+#[cfg(feature = "wasm")]
 use std::process::Command;
 
 use wasmem::builtin;

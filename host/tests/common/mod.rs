@@ -8,6 +8,7 @@ pub mod model;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
+#[cfg(feature = "wasm")]
 use std::time::Duration;
 
 #[cfg(feature = "wasm")]
