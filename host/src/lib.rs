@@ -48,6 +48,7 @@ pub mod shadow;
 pub mod shard;
 pub mod spec;
 pub mod synth;
+pub mod text;
 pub mod tier;
 pub mod trace;
 pub mod train;

@@ -122,12 +122,14 @@ pub enum SessionError {
     #[error(transparent)]
     Workload(#[from] WorkloadError),
     /// The replay stopped.
-    #[error("replay of {workload} with {policy} failed: {cause}")]
+    #[error("replay of {workload} with {policy} failed: {}{cause}", at.as_ref().map(|a| format!("{a}: ")).unwrap_or_default())]
     Replay {
         /// The workload.
         workload: String,
         /// The primary's spec.
         policy: String,
+        /// `FILE:LINE` of the event that failed, for a trace file.
+        at: Option<String>,
         /// Why.
         cause: Box<ReplayError>,
     },
@@ -223,10 +225,19 @@ fn run_on<D: Device>(
         tiers: opts.tiers.clone(),
         ..ReplayConfig::default()
     };
-    let (mut r, halves) = replay_split(events, alloc, &cfg, progress, split).map_err(|cause| SessionError::Replay {
-        workload: workload.name().to_string(),
-        policy: policy.to_string(),
-        cause: Box::new(cause),
+    let (mut r, halves) = replay_split(events, alloc, &cfg, progress, split).map_err(|cause| {
+        // Errors found after parsing name the event: say where it is in the file.
+        let at = match &cause {
+            ReplayError::Drive(e) => workload.locate(e.event()),
+            ReplayError::Swap { event, .. } => workload.locate(*event),
+            ReplayError::Source(_) => None,
+        };
+        SessionError::Replay {
+            workload: workload.name().to_string(),
+            policy: policy.to_string(),
+            at,
+            cause: Box::new(cause),
+        }
     })?;
     if let (Some((at, _)), None) = (&opts.swap, &halves) {
         return Err(SessionError::SwapPastEnd {

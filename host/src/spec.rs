@@ -32,6 +32,15 @@ pub enum SpecError {
     /// The spec names no part at all (empty, or only `+`).
     #[error("empty policy spec `{0}`")]
     Empty(String),
+    /// A built-in part was given a configuration (`pytorch?x=1`): built-ins
+    /// take none, and it would be dropped silently.
+    #[error("policy `{part}` is a built-in and takes no configuration (`?{config}` given)")]
+    BuiltinConfig {
+        /// The built-in name.
+        part: String,
+        /// The configuration given.
+        config: String,
+    },
     /// A part is not a built-in, and this loader loads nothing else.
     #[error(
         "unknown policy `{part}`: not a built-in ({builtins}), and this build of wasmem has no WebAssembly \
@@ -168,6 +177,10 @@ pub fn resolve(spec: &str, loader: &dyn PartLoader) -> Result<Resolved, SpecErro
     for part in spec.split('+').map(str::trim).filter(|p| !p.is_empty()) {
         parts += 1;
         let (what, config) = part.split_once('?').unwrap_or((part, ""));
+        let builtin = builtin::eviction_by_name(what).is_some() || builtin::BUILTIN_NAMES.contains(&what);
+        if builtin && part.contains('?') {
+            return Err(SpecError::BuiltinConfig { part: what.to_string(), config: config.to_string() });
+        }
         if let Some(e) = builtin::eviction_by_name(what) {
             // An eviction-only built-in provides only its role.
             offer(&mut eviction, 1, what, Some(e));
@@ -225,5 +238,9 @@ mod tests {
         assert!(matches!(e, SpecError::NotBuiltin { .. }), "{e:?}");
         assert!(e.to_string().contains("pytorch-like") && e.to_string().contains("naive"), "{e}");
         assert!(matches!(resolve(" + ", &Builtins), Err(SpecError::Empty(_))));
+        assert!(matches!(resolve("", &Builtins), Err(SpecError::Empty(_))));
+        let e = resolve("pytorch?x=1", &Builtins).unwrap_err();
+        assert!(matches!(e, SpecError::BuiltinConfig { .. }) && e.to_string().contains("?x=1"), "{e}");
+        assert!(matches!(resolve("lru?", &Builtins), Err(SpecError::BuiltinConfig { .. })));
     }
 }

@@ -86,12 +86,7 @@ impl WasiView for HostState {
 impl HostState {
     /// `host.log`.
     fn log_message(&mut self, level: GuestLogLevel, message: String) {
-        let mut message = message;
-        if message.len() > MAX_LOG_CHARS {
-            let cut = (0..=MAX_LOG_CHARS).rev().find(|&i| message.is_char_boundary(i)).unwrap_or(0);
-            message.truncate(cut);
-            message.push('…');
-        }
+        let message = crate::text::sanitize(&message, MAX_LOG_CHARS);
         if matches!(level, GuestLogLevel::Error) {
             self.last_error = Some(message.clone());
         }

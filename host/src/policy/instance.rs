@@ -65,7 +65,8 @@ impl Instance {
         match guests.init(&mut store, config) {
             Ok(Ok(())) => {}
             Ok(Err(msg)) => {
-                return Err(LoadError::lifecycle(name, "init", format!("refused the configuration: {msg}")))
+                let msg = crate::text::message(&msg);
+                return Err(LoadError::lifecycle(name, "init", format!("refused the configuration: {msg}")));
             }
             Err(e) => return Err(LoadError::lifecycle(name, "init", err(&e, &store))),
         }
@@ -186,7 +187,8 @@ impl WasmPolicy {
         let name = inst
             .call(CallKind::Lifecycle, &ctx, |g, s| g.name(s))
             .map_err(|e| LoadError::lifecycle(&label, "name", e))?;
-        let name = if name.trim().is_empty() { label.clone() } else { name };
+        // Policy text is bounded and made printable before it goes anywhere.
+        let name = if name.trim().is_empty() { label.clone() } else { crate::text::name(&name) };
         inst.name = name.clone();
         inst.store.data_mut().policy = name.clone();
         let pools = if loaded.exports(Role::Placement) {
@@ -201,7 +203,7 @@ impl WasmPolicy {
                     "returned an empty list (at least one pool is needed)",
                 ));
             }
-            pools
+            pools.into_iter().map(|p| PoolSpec { name: crate::text::name(&p.name), ..p }).collect()
         } else {
             Vec::new()
         };
@@ -265,7 +267,7 @@ impl WasmPolicy {
     pub fn load_state(&self, state: &[u8]) -> Result<(), PolicyError> {
         match self.lock().call(CallKind::Lifecycle, &PolicyContext::default(), |g, s| g.load_state(s, state)) {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(msg)) => Err(PolicyError::Refused(msg)),
+            Ok(Err(msg)) => Err(PolicyError::Refused(crate::text::message(&msg))),
             Err(e) => Err(e),
         }
     }

@@ -81,7 +81,7 @@ pub(crate) fn classify(policy: &str, err: &wasmtime::Error, guest_said: Option<&
         Some(Trap::Interrupt) => PolicyError::Deadline,
         Some(Trap::OutOfFuel) => PolicyError::OutOfFuel,
         _ if err.downcast_ref::<MemoryLimitExceeded>().is_some() => PolicyError::MemoryLimit,
-        _ => PolicyError::Trap(format!("policy `{policy}`: {}", describe(err, guest_said))),
+        _ => PolicyError::Trap(crate::text::message(&format!("policy `{policy}`: {}", describe(err, guest_said)))),
     }
 }
 

@@ -158,7 +158,7 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value_t = DeviceKind::Sim)]
     pub device: DeviceKind,
     /// Simulated device memory per rank.
-    #[arg(long, default_value = "80GiB", value_parser = parse_size)]
+    #[arg(long, default_value = "80GiB", value_parser = parse_capacity)]
     pub device_mem: u64,
     /// Per-call deadline of WebAssembly policies, in milliseconds.
     #[arg(long, default_value_t = 1.0)]
@@ -282,7 +282,7 @@ pub struct Common {
     #[arg(long = "synth")]
     pub synth: Vec<String>,
     /// Simulated device memory (e.g. 80GiB, 16GB).
-    #[arg(long, default_value = "80GiB", value_parser = parse_size)]
+    #[arg(long, default_value = "80GiB", value_parser = parse_capacity)]
     pub device_mem: u64,
     /// Device backend: `sim` (simulated, the default) or `cuda` (GPU 0).
     #[arg(long, value_enum, default_value_t = DeviceKind::Sim)]
@@ -372,4 +372,13 @@ pub fn parse_swap(s: &str) -> Result<(u64, String), String> {
         return Err(format!("`{s}`: the policy after `:` is missing"));
     }
     Ok((e, p.trim().to_string()))
+}
+
+/// A device capacity: a size of at least one byte.
+pub fn parse_capacity(s: &str) -> Result<u64, String> {
+    match parse_size(s) {
+        Ok(0) => Err(format!("`{s}`: a device needs more than 0 bytes")),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }

@@ -17,6 +17,9 @@
 //! | `empty-pools` | `pools` returns an empty list |
 //! | `bad-state` | `load-state` refuses any state |
 //! | `fickle` | cacheable decisions that differ between calls of one size class |
+//! | `evil-name` | `name` holds terminal escapes, a carriage return and a NUL |
+//! | `huge-name` | `name` is `n` MiB long |
+//! | `evil-init` | `init` refuses with a message full of terminal escapes |
 //!
 //! In every mode the policy counts its decisions; `save-state` returns the
 //! count (8 bytes, little endian) and `load-state` restores it, so tests can
@@ -30,6 +33,8 @@ use wasmem_policy_sdk::prelude::*;
 #[derive(Debug, Default)]
 pub struct Hostile {
     mode: String,
+    /// What `name` returns.
+    label: String,
     n: u64,
     calls: u64,
     hoard: Vec<Vec<u8>>,
@@ -59,16 +64,22 @@ impl Hostile {
 
 impl Policy for Hostile {
     fn name(&self) -> &str {
-        "hostile"
+        &self.label
     }
 
     fn configure(&mut self, config: &Config) -> Result<(), String> {
         self.mode = config.get_or("mode", String::from("ok"))?;
         self.n = config.get_or("n", 3u64)?;
-        if self.mode == "trap-init" {
-            panic!("hostile policy traps in init");
+        self.label = match self.mode.as_str() {
+            "evil-name" => String::from("\u{1b}[2J\u{1b}[31mhostile\r\0\u{202e}name"),
+            "huge-name" => "h".repeat((self.n as usize) << 20),
+            _ => String::from("hostile"),
+        };
+        match self.mode.as_str() {
+            "trap-init" => panic!("hostile policy traps in init"),
+            "evil-init" => Err(String::from("\u{1b}]0;owned\u{7}\u{1b}[31mrefused\r\nfake line\0")),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     fn save_state(&self) -> Vec<u8> {
