@@ -106,6 +106,16 @@ pub struct Metrics {
     /// The eviction policy read the workload's future (Belady): an offline
     /// bound for comparisons, not an achievable result.
     pub offline_bound: bool,
+    /// Plans accepted from the planner (planned placement).
+    pub plans: u64,
+    /// Requests served at their planned offset.
+    pub plan_hits: u64,
+    /// Requests of planned steps served by the dynamic path instead.
+    pub plan_misses: u64,
+    /// Plans refused (invalid, the planner failed, or no arena).
+    pub plan_refused: u64,
+    /// Bytes of the planned arena at the end (the peak is in `peak_reserved_bytes`).
+    pub plan_arena_bytes: u64,
     /// The first request that failed after every remedy (event and reason).
     pub first_oom: Option<String>,
 }
@@ -164,4 +174,9 @@ pub fn fill<D: Device>(m: &mut Metrics, s: &Stats, dev: &D, pauses: &PauseHistog
     m.trimmed_bytes = s.trimmed_bytes;
     m.moved_bytes_per_step = s.moved_bytes as f64 / m.steps.max(1) as f64;
     m.moved_fraction = if m.bytes_allocated > 0 { s.moved_bytes as f64 / m.bytes_allocated as f64 } else { 0.0 };
+    m.plans = s.plans;
+    m.plan_hits = s.plan_hits;
+    m.plan_misses = s.plan_misses;
+    m.plan_refused = s.plan_refused;
+    m.plan_arena_bytes = s.plan_arena_bytes;
 }

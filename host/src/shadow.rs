@@ -115,6 +115,15 @@ impl Shadow {
         }
     }
 
+    /// A shadow deciding with the policies (and planner) of a resolved spec
+    /// (see [`Shadow::new`]).
+    pub fn from_resolved(label: &str, r: crate::spec::Resolved, device: SimConfig) -> Self {
+        let planner = r.planner;
+        let mut s = Shadow::new(label, r.policies, device);
+        s.alloc.set_planner(planner);
+        s
+    }
+
     /// Enables the host and disk tiers with the primary's configuration
     /// (bookkeeping only: the shadow's device holds no contents, so no byte
     /// is copied and no spill file written).

@@ -24,7 +24,7 @@
 use std::sync::Arc;
 
 use crate::builtin::{self, LruEviction, PytorchPlacement, PytorchReclamation};
-use crate::decision::{EvictionPolicy, PlacementPolicy, Policies, ReclamationPolicy, Role};
+use crate::decision::{EvictionPolicy, PlacementPolicy, PlannerPolicy, Policies, ReclamationPolicy, Role};
 
 /// Why a spec does not resolve.
 #[derive(Debug, thiserror::Error)]
@@ -94,11 +94,16 @@ pub struct Part {
     pub reclamation: Option<Box<dyn ReclamationPolicy>>,
     /// Its eviction role, if it has one.
     pub eviction: Option<Box<dyn EvictionPolicy>>,
+    /// Its planner, if it has one (`wasmem:policy@0.3.0`).
+    pub planner: Option<Box<dyn PlannerPolicy>>,
 }
 
 impl Part {
     fn roles(&self) -> usize {
-        self.placement.is_some() as usize + self.reclamation.is_some() as usize + self.eviction.is_some() as usize
+        self.placement.is_some() as usize
+            + self.reclamation.is_some() as usize
+            + self.eviction.is_some() as usize
+            + self.planner.is_some() as usize
     }
 }
 
@@ -128,6 +133,11 @@ pub struct Resolved {
     pub spec: String,
     /// One policy per role, ready for [`crate::alloc::Allocator::new`].
     pub policies: Policies,
+    /// The planner, when a part provides one (planned placement; see
+    /// `alloc::planned`); `None`: no planned placement.
+    pub planner: Option<Box<dyn PlannerPolicy>>,
+    /// The part that provided the planner.
+    pub planner_source: Option<String>,
     /// Which part provided each role (indexed by [`Role::index`]; a
     /// built-in name or a component's name); `None`: the built-in default.
     pub sources: [Option<String>; 3],
@@ -145,6 +155,7 @@ impl std::fmt::Debug for Resolved {
         f.debug_struct("Resolved")
             .field("spec", &self.spec)
             .field("policies", &self.policies)
+            .field("planner", &self.planner.as_ref().map(|p| p.name().to_string()))
             .field("sources", &self.sources)
             .finish()
     }
@@ -173,6 +184,7 @@ pub fn resolve(spec: &str, loader: &dyn PartLoader) -> Result<Resolved, SpecErro
     let mut placement: Option<Choice<dyn PlacementPolicy>> = None;
     let mut reclamation: Option<Choice<dyn ReclamationPolicy>> = None;
     let mut eviction: Option<Choice<dyn EvictionPolicy>> = None;
+    let mut planner: Option<Choice<dyn PlannerPolicy>> = None;
     let mut parts = 0;
     for part in spec.split('+').map(str::trim).filter(|p| !p.is_empty()) {
         parts += 1;
@@ -187,9 +199,12 @@ pub fn resolve(spec: &str, loader: &dyn PartLoader) -> Result<Resolved, SpecErro
             continue;
         }
         if let Some(p) = builtin::by_name(what) {
-            offer(&mut placement, 3, what, Some(p.placement));
-            offer(&mut reclamation, 3, what, Some(p.reclamation));
-            offer(&mut eviction, 3, what, Some(p.eviction));
+            let planned = builtin::planner_by_name(what);
+            let n = 3 + planned.is_some() as usize;
+            offer(&mut placement, n, what, Some(p.placement));
+            offer(&mut reclamation, n, what, Some(p.reclamation));
+            offer(&mut eviction, n, what, Some(p.eviction));
+            offer(&mut planner, n, what, planned);
             continue;
         }
         let loaded = loader.load_part(what, config)?;
@@ -197,6 +212,7 @@ pub fn resolve(spec: &str, loader: &dyn PartLoader) -> Result<Resolved, SpecErro
         offer(&mut placement, n, &loaded.label, loaded.placement);
         offer(&mut reclamation, n, &loaded.label, loaded.reclamation);
         offer(&mut eviction, n, &loaded.label, loaded.eviction);
+        offer(&mut planner, n, &loaded.label, loaded.planner);
     }
     if parts == 0 {
         return Err(SpecError::Empty(spec.to_string()));
@@ -212,7 +228,14 @@ pub fn resolve(spec: &str, loader: &dyn PartLoader) -> Result<Resolved, SpecErro
             .map_or_else(|| Box::new(PytorchReclamation) as Box<dyn ReclamationPolicy>, |c| c.policy),
         eviction: eviction.map_or_else(|| Box::new(LruEviction) as Box<dyn EvictionPolicy>, |c| c.policy),
     };
-    Ok(Resolved { spec: spec.trim().to_string(), policies, sources })
+    let planner_source = planner.as_ref().map(|c| c.label.clone());
+    Ok(Resolved {
+        spec: spec.trim().to_string(),
+        policies,
+        planner: planner.map(|c| c.policy),
+        planner_source,
+        sources,
+    })
 }
 
 #[cfg(test)]

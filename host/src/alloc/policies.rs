@@ -44,14 +44,14 @@ pub struct RoleHealth {
 impl RoleHealth {
     /// A new policy takes the role: its failure streak, disabling and log
     /// memory start over; the counters keep counting (they are the role's).
-    fn fresh_policy(&mut self) {
+    pub(crate) fn fresh_policy(&mut self) {
         self.consecutive_failures = 0;
         self.disabled = false;
         self.last_error = None;
         self.logged.clear();
     }
 
-    fn record(&mut self, role: Role, policy: &str, err: &PolicyError, max: u32) {
+    pub(crate) fn record(&mut self, role: impl std::fmt::Display, policy: &str, err: &PolicyError, max: u32) {
         if matches!(
             err,
             PolicyError::Trap(_) | PolicyError::OutOfFuel | PolicyError::Deadline | PolicyError::MemoryLimit

@@ -42,6 +42,7 @@ impl WasmPolicy {
             placement: self.placement().map(|p| Box::new(p) as Box<dyn PlacementPolicy>),
             reclamation: self.reclamation().map(|p| Box::new(p) as Box<dyn ReclamationPolicy>),
             eviction: self.eviction().map(|p| Box::new(p) as Box<dyn EvictionPolicy>),
+            planner: None,
         }
     }
 
@@ -58,7 +59,7 @@ impl WasmPolicy {
             reclamation: part.reclamation.unwrap_or(defaults.reclamation),
             eviction: part.eviction.unwrap_or(defaults.eviction),
         };
-        Resolved { spec: part.label, policies, sources }
+        Resolved { spec: part.label, policies, planner: None, planner_source: None, sources }
     }
 
     fn state_handle(&self) -> StateHandle {
