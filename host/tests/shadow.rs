@@ -17,8 +17,7 @@ use wasmem::trace::Event;
 use wasmem::types::GIB;
 
 fn untimed(mut m: Metrics) -> Metrics {
-    m.wall_seconds = 0.0;
-    m.events_per_second = 0.0;
+    m.clear_timing();
     m
 }
 

@@ -42,6 +42,7 @@ mod deferred;
 mod free_index;
 mod grow;
 mod handles;
+mod latency;
 mod paged;
 mod policies;
 mod pool;
@@ -53,7 +54,8 @@ mod tiering;
 
 pub use deferred::PendingView;
 pub use handles::Tensor;
-pub use policies::{NoDecision, PolicySet, RoleHealth};
+pub use latency::LatencyHistogram;
+pub use policies::{NoDecision, PolicySet, RoleHealth, SAMPLE_EVERY};
 pub use pool::Pool;
 pub use shared::SharedAllocator;
 pub use slab::{Block, Segment, NIL};

@@ -17,6 +17,7 @@
 //! | `empty-pools` | `pools` returns an empty list |
 //! | `bad-state` | `load-state` refuses any state |
 //! | `fickle` | cacheable decisions that differ between calls of one size class |
+//! | `diverge` | decisions depend on a count of calls that `save-state` leaves out, so an instance restored from the state answers differently |
 //!
 //! In every mode the policy counts its decisions; `save-state` returns the
 //! count (8 bytes, little endian) and `load-state` restores it, so tests can
@@ -32,6 +33,8 @@ pub struct Hostile {
     mode: String,
     n: u64,
     calls: u64,
+    /// Calls counted outside the saved state (`diverge`).
+    hidden: u64,
     hoard: Vec<Vec<u8>>,
 }
 
@@ -39,6 +42,7 @@ impl Hostile {
     /// Counts a decision and misbehaves as configured.
     fn act(&mut self) {
         self.calls += 1;
+        self.hidden += 1;
         match self.mode.as_str() {
             "loop" => {
                 let mut x = self.calls;
@@ -101,6 +105,7 @@ impl Placement for Hostile {
             "bad-pool" => PlacementDecision { pool: 7, ..d },
             "bad-round" => PlacementDecision { round_to: 3, ..d },
             "fickle" => PlacementDecision { cacheable: true, segment_min: (self.calls % 2) << 21, ..d },
+            "diverge" => PlacementDecision { cacheable: false, split_min_remainder: 512 + (self.hidden % 2), ..d },
             _ => d,
         }
     }
@@ -110,10 +115,10 @@ impl Reclamation for Hostile {
     fn reclaim(&mut self, trigger: &ReclaimTrigger, _ctx: &PolicyContext) -> ReclaimDecision {
         self.act();
         let d = defaults::pytorch_reclaim(trigger);
-        if self.mode == "bad-reclaim" {
-            ReclaimDecision { release_bytes: 1, pools: Some(vec!["no-such-pool".to_string()]) }
-        } else {
-            d
+        match self.mode.as_str() {
+            "bad-reclaim" => ReclaimDecision { release_bytes: 1, pools: Some(vec!["no-such-pool".to_string()]) },
+            "diverge" => ReclaimDecision { release_bytes: self.hidden, ..d },
+            _ => d,
         }
     }
 
@@ -137,6 +142,9 @@ impl Eviction for Hostile {
             if let Some(&first) = v.first() {
                 v.push(first);
             }
+        }
+        if self.mode == "diverge" && self.hidden % 2 == 1 {
+            v.reverse();
         }
         v
     }
