@@ -27,11 +27,8 @@ pub const DEFAULT_DEADLINE_PER_CANDIDATE: Duration = Duration::from_micros(25);
 pub const DEFAULT_MAX_GUEST_OUTPUT: usize = 4096;
 /// Default deadline of lifecycle calls (`init`, `pools`, `save-state`, `load-state`, `name`).
 pub const DEFAULT_LIFECYCLE_DEADLINE: Duration = Duration::from_secs(1);
-/// How long past its deadline a call may run once its guest has started to
-/// report a failure (logged at error level, or wrote to stdout/stderr), so
-/// that the error carries the guest's text: formatting a Python traceback
-/// takes 1–3 ms, more than the default deadline. Once per call.
-pub const FAILURE_GRACE: Duration = Duration::from_millis(100);
+/// Default of [`Limits::failure_grace`].
+pub const DEFAULT_FAILURE_GRACE: Duration = Duration::from_millis(100);
 /// Default cap on a policy's linear memory.
 pub const DEFAULT_MAX_MEMORY: usize = 64 << 20;
 
@@ -56,6 +53,12 @@ pub struct Limits {
     pub max_table_elements: usize,
     /// Log messages a policy may write per second before they are dropped.
     pub log_per_second: u32,
+    /// How long past its deadline a decision call may run once its guest
+    /// has started to report a failure (it logged at error level or wrote to
+    /// stdout/stderr during the call), so that the error carries the guest's
+    /// text: formatting a Python traceback takes 1–3 ms, more than the default
+    /// deadline. Once per call; only when `deadline` is set.
+    pub failure_grace: Duration,
     /// Bytes of an instance's standard output and error (WASI) kept in
     /// memory (the rest is discarded); their tail names the cause of a
     /// failed call (a Python traceback, for instance).
@@ -72,6 +75,7 @@ impl Default for Limits {
             max_memory: DEFAULT_MAX_MEMORY,
             max_table_elements: 1 << 20,
             log_per_second: 20,
+            failure_grace: DEFAULT_FAILURE_GRACE,
             max_guest_output: DEFAULT_MAX_GUEST_OUTPUT,
         }
     }
@@ -141,7 +145,7 @@ pub(crate) struct RuntimeInner {
     pub deadline_ticks: Option<(u64, u64)>,
     /// The epoch tick.
     pub tick: Duration,
-    /// Epoch ticks of [`FAILURE_GRACE`].
+    /// Epoch ticks of [`Limits::failure_grace`].
     pub grace_ticks: u64,
     _ticker: Option<Ticker>,
 }
@@ -186,7 +190,7 @@ impl Runtime {
             (ticks(d), ticks(config.limits.lifecycle_deadline.max(d)))
         });
         let ticker = config.limits.deadline.map(|_| Ticker::start(engine.clone(), tick));
-        let grace_ticks = FAILURE_GRACE.as_nanos().div_ceil(tick.as_nanos().max(1)) as u64;
+        let grace_ticks = config.limits.failure_grace.as_nanos().div_ceil(tick.as_nanos().max(1)) as u64;
         let cache = config.cache.resolve().map(|dir| ArtifactCache::new(dir, &engine));
         Ok(Runtime {
             inner: Arc::new(RuntimeInner {

@@ -606,16 +606,21 @@ export const placement = {
             r#"
 const ALL = (1n << 64n) - 1n;
 
+// Release every cached segment when the device refused one, nothing otherwise.
+function release(trigger, ctx) {
+  return { releaseBytes: trigger.tag === 'alloc-failed' ? ALL : 0n, pools: undefined };
+}
+
 export const reclamation = {
-  // Release every cached segment when the device refused one, nothing otherwise.
   reclaim(trigger, ctx) {
-    return { releaseBytes: trigger.tag === 'alloc-failed' ? ALL : 0n, pools: undefined };
+    return release(trigger, ctx);
   },
   pagedSegments() {
     return false;
   },
+  // WIT 0.2.0: the release, and no compaction, stitching or trimming.
   plan(trigger, ctx) {
-    const d = this.reclaim(trigger, ctx);
+    const d = release(trigger, ctx);
     return { releaseBytes: d.releaseBytes, pools: d.pools, compact: undefined, stitch: false, trim: false };
   },
 };

@@ -300,7 +300,8 @@ fn validity(
                         let key = memo_key(req.bytes, req.kind, req.stream.0, ctx.phase);
                         if let Some(prev) = memo.insert(key, (*d, c.index)) {
                             if prev.0 != *d {
-                                inconsistent.push((c, format!("answered {d:?}, but {:?} at call {}", prev.0, prev.1)));
+                                inconsistent
+                                    .push((c, format!("answered {d:?}, but earlier (call {}) {:?}", prev.1, prev.0)));
                             }
                         }
                     }

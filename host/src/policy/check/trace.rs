@@ -236,8 +236,8 @@ pub fn check_trace(rt: &Runtime, path: &Path, opts: &TraceOptions) -> Verdict {
         "trace: replay",
         Outcome::Pass,
         format!(
-            "{}: {} events on a {} device: {} policy calls (placement memoized: {} memo hits), peak reserved {} bytes, \
-             {} evictions (up to {longest} candidates), {} OOMs, {} fallbacks",
+            "{}: {} events on a {} device: {} calls into the policy ({} placement memo hits), peak reserved {} \
+             bytes, {} evictions (up to {longest} candidates), {} OOMs, {} fallbacks",
             opts.trace.display(),
             ma.events,
             crate::types::human_bytes(capacity),
