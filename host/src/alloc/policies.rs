@@ -140,7 +140,8 @@ pub struct PolicySet {
 /// The decision skeleton shared by every role: ask `policy` through `call`
 /// unless the role is disabled, and record the outcome in `health`. `None`:
 /// the fallback decides (the failure is already counted). The call is
-/// timed when `time_all`, else once in [`SAMPLE_EVERY`] calls (weighted).
+/// timed when `time_all`, else once in [`SAMPLE_EVERY`] calls (weighted),
+/// out of line: the untimed path adds one counter test.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn consult<P: ?Sized, T>(
@@ -157,15 +158,43 @@ fn consult<P: ?Sized, T>(
         return None;
     }
     health.calls += 1;
-    let result = if time_all || health.calls % SAMPLE_EVERY == 1 {
-        let start = Instant::now();
-        let r = call(policy);
-        health.latency.record_duration(start.elapsed(), if time_all { 1 } else { SAMPLE_EVERY });
-        r
-    } else {
-        call(policy)
-    };
-    match result {
+    if time_all || health.calls % SAMPLE_EVERY == 1 {
+        return consult_timed(policy, name, health, role, max, time_all, call);
+    }
+    let r = call(policy);
+    settle(policy, name, health, role, max, r)
+}
+
+/// [`consult`]'s timed call.
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn consult_timed<P: ?Sized, T>(
+    policy: &mut P,
+    name: impl FnOnce(&P) -> &str,
+    health: &mut RoleHealth,
+    role: Role,
+    max: u32,
+    time_all: bool,
+    call: impl FnOnce(&mut P) -> Result<T, PolicyError>,
+) -> Option<T> {
+    let start = Instant::now();
+    let r = call(policy);
+    health.latency.record_duration(start.elapsed(), if time_all { 1 } else { SAMPLE_EVERY });
+    settle(policy, name, health, role, max, r)
+}
+
+/// Records the outcome of a call in `health`.
+#[inline(always)]
+fn settle<P: ?Sized, T>(
+    policy: &P,
+    name: impl FnOnce(&P) -> &str,
+    health: &mut RoleHealth,
+    role: Role,
+    max: u32,
+    r: Result<T, PolicyError>,
+) -> Option<T> {
+    match r {
         Ok(v) => {
             health.consecutive_failures = 0;
             Some(v)
