@@ -155,6 +155,14 @@ pub trait PlacementPolicy: Send {
     fn memoizable(&self) -> bool {
         false
     }
+    /// Whether a call costs enough (a WebAssembly call: hundreds of
+    /// nanoseconds or more) that the engine times every one for the
+    /// `policy_call_p50_ns`/`p99_ns` metrics. `false` (the default, for
+    /// native policies): the engine times one call in 64 and counts it for
+    /// the 64, so timing stays off the hot path.
+    fn time_every_call(&self) -> bool {
+        false
+    }
     /// The learned state behind this role, if the policy can hand it to a
     /// successor at a hot swap (see [`PolicyState`]).
     fn state(&self) -> Option<StateHandle> {
@@ -240,6 +248,14 @@ pub trait ReclamationPolicy: Send {
     fn paged_segments(&self) -> bool {
         false
     }
+    /// Whether a call costs enough (a WebAssembly call: hundreds of
+    /// nanoseconds or more) that the engine times every one for the
+    /// `policy_call_p50_ns`/`p99_ns` metrics. `false` (the default, for
+    /// native policies): the engine times one call in 64 and counts it for
+    /// the 64, so timing stays off the hot path.
+    fn time_every_call(&self) -> bool {
+        false
+    }
     /// The learned state behind this role (see [`PolicyState`]).
     fn state(&self) -> Option<StateHandle> {
         None
@@ -298,6 +314,14 @@ pub trait EvictionPolicy: Send {
     /// engine validates the answer like a victim list and ignores an invalid one.
     fn prefetch_order(&mut self, _offloaded: &[EvictionCandidate], _ctx: &PolicyContext) -> Option<Vec<TensorId>> {
         None
+    }
+    /// Whether a call costs enough (a WebAssembly call: hundreds of
+    /// nanoseconds or more) that the engine times every one for the
+    /// `policy_call_p50_ns`/`p99_ns` metrics. `false` (the default, for
+    /// native policies): the engine times one call in 64 and counts it for
+    /// the 64, so timing stays off the hot path.
+    fn time_every_call(&self) -> bool {
+        false
     }
 
     /// Whether the policy reads the workload's future (`next_use`): an

@@ -303,6 +303,7 @@ pub fn allocator_metrics<D: Device>(alloc: &Allocator<D>) -> Metrics {
     let mut m =
         Metrics { allocs: s.allocs, frees: s.frees, peak_live_bytes: s.bytes.peak_live_bytes, ..Metrics::default() };
     crate::metrics::fill(&mut m, &s, alloc.device(), alloc.gc_pauses(), &alloc.tier_stats());
+    m.set_policy_latency(&alloc.policies().latency());
     m.uses = s.uses;
     m
 }

@@ -42,6 +42,7 @@ mod deferred;
 mod free_index;
 mod grow;
 mod handles;
+mod latency;
 mod paged;
 mod planned;
 mod policies;
@@ -54,7 +55,8 @@ mod tiering;
 
 pub use deferred::PendingView;
 pub use handles::Tensor;
-pub use policies::{NoDecision, PolicySet, RoleHealth};
+pub use latency::LatencyHistogram;
+pub use policies::{NoDecision, PolicySet, RoleHealth, SAMPLE_EVERY};
 pub use pool::Pool;
 pub use shared::SharedAllocator;
 pub use slab::{Block, Segment, NIL};

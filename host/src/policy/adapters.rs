@@ -116,6 +116,10 @@ impl PlacementPolicy for WasmPlacement {
     fn memoizable(&self) -> bool {
         true
     }
+
+    fn time_every_call(&self) -> bool {
+        true
+    }
 }
 
 /// The reclamation role of a WebAssembly policy.
@@ -154,6 +158,10 @@ impl ReclamationPolicy for WasmReclamation {
         self.policy.paged_segments()
     }
 
+    fn time_every_call(&self) -> bool {
+        true
+    }
+
     fn state(&self) -> Option<StateHandle> {
         Some(self.policy.state_handle())
     }
@@ -190,8 +198,12 @@ impl EvictionPolicy for WasmEviction {
         let ids = self
             .policy
             .lock()
-            .call(CallKind::Decision, ctx, |g, s| g.choose_victims(s, need_bytes, candidates, ctx))?;
+            .call(CallKind::Eviction(candidates.len()), ctx, |g, s| g.choose_victims(s, need_bytes, candidates, ctx))?;
         ids.ok_or_else(|| missing(&self.policy, Role::Eviction))
+    }
+
+    fn time_every_call(&self) -> bool {
+        true
     }
 
     fn state(&self) -> Option<StateHandle> {
