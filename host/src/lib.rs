@@ -38,6 +38,7 @@ pub mod device;
 pub mod driver;
 pub mod metrics;
 pub mod model;
+pub mod plan;
 pub mod plot;
 #[cfg(feature = "wasm")]
 pub mod policy;

@@ -168,11 +168,11 @@ pub fn run(
     match opts.device {
         DeviceChoice::Sim { capacity } => {
             let dev = SimDevice::new(SimConfig { capacity, ..SimConfig::default() });
-            run_on(Allocator::new(dev, resolved.policies), workload, policy, opts, loader, progress)
+            run_on(Allocator::from_resolved(dev, resolved), workload, policy, opts, loader, progress)
         }
         DeviceChoice::Cuda { ordinal } => {
             let dev = CudaDevice::new(ordinal).map_err(SessionError::Device)?;
-            run_on(Allocator::new(dev, resolved.policies), workload, policy, opts, loader, progress)
+            run_on(Allocator::from_resolved(dev, resolved), workload, policy, opts, loader, progress)
         }
     }
 }
@@ -187,12 +187,12 @@ fn run_on<D: Device>(
 ) -> Result<ReplayOutcome, SessionError> {
     let shadow = match &opts.shadow {
         Some(q) => {
-            let p = resolve(q, loader).map_err(spec_err(q))?.policies;
-            if p.eviction.needs_future() {
+            let r = resolve(q, loader).map_err(spec_err(q))?;
+            if r.policies.eviction.needs_future() {
                 return Err(SessionError::ShadowNeedsFuture(q.clone()));
             }
             let dev = SimConfig { capacity: alloc.device().capacity(), ..SimConfig::default() };
-            let mut s = Shadow::new(q, p, dev);
+            let mut s = Shadow::from_resolved(q, r, dev);
             if let Some(t) = &opts.tiers {
                 s = s.with_tiers(t.clone());
             }

@@ -247,8 +247,10 @@ fn covers(got: &Value, want: &Value) -> bool {
 fn normalize(v: &mut Value) {
     match v {
         Value::Object(o) => {
-            o.remove("wall_seconds");
-            o.remove("events_per_second");
+            // Wall-clock-dependent keys: replay speed and policy call latency.
+            for k in ["wall_seconds", "events_per_second", "policy_call_p50_ns", "policy_call_p99_ns"] {
+                o.remove(k);
+            }
             if let Some(Value::String(t)) = o.get_mut("trace") {
                 *t = base_name(t).to_string();
             }

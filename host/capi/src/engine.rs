@@ -127,14 +127,19 @@ impl<D: Device + 'static> Engine for Driven<D> {
     }
 }
 
-fn driven<D: Device + 'static>(device: D, policies: Resolved) -> Box<dyn Engine> {
-    let alloc = SharedAllocator::new(Allocator::new(device, policies.policies));
+fn driven<D: Device + 'static>(device: D, resolved: Resolved) -> Box<dyn Engine> {
+    let mut alloc = Allocator::new(device, resolved.policies);
+    alloc.set_planner(resolved.planner);
+    // PyTorch holds the addresses: tensors never move (planned arenas are
+    // installed without moving live tensors into them).
+    alloc.set_stable_addresses(true);
+    let alloc = SharedAllocator::new(alloc);
     Box::new(Driven { alloc, driver: Driver::new(OnOom::Error) })
 }
 
 /// Opens `backend` (device `ordinal` on CUDA; each `sim` device is a
 /// separate simulated device of the configured capacity) under the policies
-/// of `policies`.
+/// (and planner) of `policies`.
 pub fn open(backend: Backend, ordinal: usize, policies: Resolved) -> Result<Box<dyn Engine>, DeviceError> {
     Ok(match backend {
         Backend::Cuda => driven(CudaDevice::new(ordinal)?, policies),

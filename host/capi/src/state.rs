@@ -177,7 +177,7 @@ impl State {
             Some(spec) => match resolve_spec(spec) {
                 Ok(r) => {
                     let cfg = SimConfig { capacity: engine.capacity(), ..SimConfig::default() };
-                    Some(ShadowHandle::new(Shadow::new(spec, r.policies, cfg)))
+                    Some(ShadowHandle::new(Shadow::from_resolved(spec, r, cfg)))
                 }
                 Err(e) => {
                     log::report(Cause::Policy, format!("device {device}: shadow `{spec}` does not resolve: {e}"));

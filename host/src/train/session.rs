@@ -367,7 +367,7 @@ impl<D: Device + 'static> TrainSession<D> {
         for rank in 0..ranks {
             let dev = device(rank).map_err(|cause| SessionError::Device { rank, cause })?;
             let resolved = resolve(&opts.policy, &*loader).map_err(spec_err(&opts.policy, ""))?;
-            allocators.push(SharedAllocator::new(Allocator::new(dev, resolved.policies)));
+            allocators.push(SharedAllocator::new(Allocator::from_resolved(dev, resolved)));
         }
         if let Some((_, to)) = &opts.swap_at {
             resolve(to, &*loader).map_err(spec_err(to, " (--swap-at)"))?;
@@ -391,7 +391,7 @@ impl<D: Device + 'static> TrainSession<D> {
                 .map(|_| {
                     let p = resolve(q, &*loader).map_err(spec_err(q, " (--shadow)"))?;
                     let dev = SimConfig { capacity: opts.device_capacity, ..SimConfig::default() };
-                    Ok(ShadowHandle::new(Shadow::new(q, p.policies, dev)))
+                    Ok(ShadowHandle::new(Shadow::from_resolved(q, p, dev)))
                 })
                 .collect::<Result<_, SessionError>>()?,
             None => Vec::new(),
@@ -505,7 +505,7 @@ impl<D: Device + 'static> TrainSession<D> {
         let plan0 = Plan::new(&cfg.spec, zero0)?;
         let reference = |policy: &str| -> Result<RankStep, SessionError> {
             let resolved = resolve(policy, &*loader).map_err(spec_err(policy, ""))?;
-            let alloc = SharedAllocator::new(Allocator::new(SimDevice::new(SimConfig::default()), resolved.policies));
+            let alloc = SharedAllocator::new(Allocator::from_resolved(SimDevice::new(SimConfig::default()), resolved));
             Ok(dry_run(&plan0, cfg.steps.min(2), alloc)?)
         };
         let peak_at = |s: usize| result.steps[s].ranks.iter().map(|r| r.peak_reserved_bytes).max().unwrap_or(0);

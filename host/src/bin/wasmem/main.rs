@@ -2,6 +2,7 @@
 //! of the library → the report (`wasmem::report`). No engine logic lives here.
 
 mod args;
+mod policy;
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
@@ -12,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use rayon::prelude::*;
 
-use args::{Cli, Command, Common, CtlCommand, DeviceKind, PolicyCommand, TrainArgs};
+use args::{Cli, Command, Common, CtlCommand, DeviceKind, TrainArgs};
 use wasmem::device::cuda::CudaDevice;
 use wasmem::device::sim::{SimConfig, SimDevice};
 use wasmem::policy::{Limits, Runtime, RuntimeConfig};
@@ -368,15 +369,7 @@ fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Command::Replay { common, policy, export_snapshot, shadow } => replay(common, policy, export_snapshot, shadow),
         Command::Compare { common, policies, plot, swap_at } => compare(common, policies, plot, swap_at),
-        Command::Policy { cmd: PolicyCommand::Check { file, deadline_ms, config } } => {
-            let opts = wasmem::policy::check::CheckOptions { config, ..Default::default() };
-            let verdict = wasmem::policy::check::check_with(runtime(deadline_ms)?, &file, &opts);
-            out!("{verdict}");
-            if !verdict.passed() {
-                bail!("{} failed the conformance suite", file.display());
-            }
-            Ok(())
-        }
+        Command::Policy { cmd } => policy::run(cmd),
         cmd @ Command::Synth { .. } => synth(cmd),
         Command::Train(t) => train(t),
         Command::Ctl { socket, rank, cmd } => ctl(socket, rank, cmd),
@@ -402,7 +395,12 @@ fn render(e: &anyhow::Error) -> String {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("WASMEM_LOG").unwrap_or_else(|_| "warn".into()))
+        // Default: warnings, and what policies log through `host.log` at info and
+        // above (rate limited per instance); WASMEM_LOG overrides.
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WASMEM_LOG")
+                .unwrap_or_else(|_| "warn,wasmem::policy::guest=info".into()),
+        )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();

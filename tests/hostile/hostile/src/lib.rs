@@ -20,6 +20,7 @@
 //! | `evil-name` | `name` holds terminal escapes, a carriage return and a NUL |
 //! | `huge-name` | `name` is `n` MiB long |
 //! | `evil-init` | `init` refuses with a message full of terminal escapes |
+//! | `diverge` | decisions depend on a count of calls that `save-state` leaves out, so an instance restored from the state answers differently |
 //!
 //! In every mode the policy counts its decisions; `save-state` returns the
 //! count (8 bytes, little endian) and `load-state` restores it, so tests can
@@ -37,6 +38,8 @@ pub struct Hostile {
     label: String,
     n: u64,
     calls: u64,
+    /// Calls counted outside the saved state (`diverge`).
+    hidden: u64,
     hoard: Vec<Vec<u8>>,
 }
 
@@ -44,6 +47,7 @@ impl Hostile {
     /// Counts a decision and misbehaves as configured.
     fn act(&mut self) {
         self.calls += 1;
+        self.hidden += 1;
         match self.mode.as_str() {
             "loop" => {
                 let mut x = self.calls;
@@ -112,6 +116,7 @@ impl Placement for Hostile {
             "bad-pool" => PlacementDecision { pool: 7, ..d },
             "bad-round" => PlacementDecision { round_to: 3, ..d },
             "fickle" => PlacementDecision { cacheable: true, segment_min: (self.calls % 2) << 21, ..d },
+            "diverge" => PlacementDecision { cacheable: false, split_min_remainder: 512 + (self.hidden % 2), ..d },
             _ => d,
         }
     }
@@ -121,10 +126,10 @@ impl Reclamation for Hostile {
     fn reclaim(&mut self, trigger: &ReclaimTrigger, _ctx: &PolicyContext) -> ReclaimDecision {
         self.act();
         let d = defaults::pytorch_reclaim(trigger);
-        if self.mode == "bad-reclaim" {
-            ReclaimDecision { release_bytes: 1, pools: Some(vec!["no-such-pool".to_string()]) }
-        } else {
-            d
+        match self.mode.as_str() {
+            "bad-reclaim" => ReclaimDecision { release_bytes: 1, pools: Some(vec!["no-such-pool".to_string()]) },
+            "diverge" => ReclaimDecision { release_bytes: self.hidden, ..d },
+            _ => d,
         }
     }
 
@@ -148,6 +153,9 @@ impl Eviction for Hostile {
             if let Some(&first) = v.first() {
                 v.push(first);
             }
+        }
+        if self.mode == "diverge" && self.hidden % 2 == 1 {
+            v.reverse();
         }
         v
     }
