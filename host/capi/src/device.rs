@@ -290,7 +290,8 @@ impl DeviceState {
     }
 
     /// This device's statistics: the allocator's `Stats` fields plus
-    /// `device_index`, `capacity_bytes`, `requested_bytes`,
+    /// `device_index`, `policies` (placement, reclamation, eviction),
+    /// `capacity_bytes`, `requested_bytes`,
     /// `peak_requested_bytes`, `allocated_bytes_total`, `freed_bytes_total`
     /// (rounded bytes of every allocation, of every free), `live_pointers`, `streams`, `trace_events`,
     /// `history_entries` and `shadow` (its status, or null).
@@ -298,6 +299,7 @@ impl DeviceState {
         let mut v = serde_json::to_value(self.engine.stats()).unwrap_or_else(|_| json!({}));
         if let Some(m) = v.as_object_mut() {
             m.insert("device_index".into(), json!(self.index));
+            m.insert("policies".into(), json!(self.engine.controlled().policy_names()));
             m.insert("capacity_bytes".into(), json!(self.engine.capacity()));
             m.insert("requested_bytes".into(), json!(self.requested));
             m.insert("peak_requested_bytes".into(), json!(self.peak_requested));
