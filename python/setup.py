@@ -14,6 +14,7 @@ from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -53,4 +54,11 @@ class BuildWithLibrary(build_py):
         shutil.copy2(built_library(), dest)
 
 
-setup(cmdclass={"build_py": BuildWithLibrary})
+class BinaryDistribution(Distribution):
+    """The wheel holds a native library: tag it for this platform."""
+
+    def has_ext_modules(self):
+        return True
+
+
+setup(cmdclass={"build_py": BuildWithLibrary}, distclass=BinaryDistribution)

@@ -203,3 +203,53 @@ print(json.dumps(lib.stats()))
     # `pytorch` provides placement and reclamation; eviction keeps its policy.
     names = [d["policies"] for d in s["devices"]]
     assert names[0][:2] == ["pytorch", "pytorch"] and names[0] == names[1], names
+
+
+def hostile_policy():
+    """The hostile test policy of tests/hostile (built on first use, as the
+    engine's own tests build it); None without the wasm32-wasip2 target."""
+    import os
+    import shutil
+    import subprocess
+
+    from conftest import REPO
+
+    out = REPO / "tests/hostile/out/hostile.wasm"
+    if out.is_file():
+        return out
+    if shutil.which("cargo") is None:
+        return None
+    targets = subprocess.run(["rustup", "target", "list", "--installed"], capture_output=True, text=True)
+    if "wasm32-wasip2" not in targets.stdout:
+        return None
+    env = dict(os.environ, HOSTILE_TARGET_DIR=str(REPO / "target/hostile"))
+    subprocess.run(["bash", str(REPO / "tests/hostile/build.sh")], check=True, env=env, timeout=900)
+    return out
+
+
+def test_a_policy_that_traps_falls_back_and_loses_nothing():
+    import pytest
+
+    wasm = hostile_policy()
+    if wasm is None:
+        pytest.skip("the hostile test policy cannot be built here (rustup target add wasm32-wasip2)")
+    p = run_py(
+        PRELUDE
+        + f"""
+lib.init({{"device": "sim", "policy": "{wasm}?mode=trap-nth n=2"}})
+ptrs = [lib.malloc((i % 5 + 1) * MIB) for i in range(12)]
+assert len(set(ptrs)) == 12 and all(ptrs)
+for q in ptrs:
+    lib.free(q, 0)
+try:
+    lib.swap_policy("{wasm}?mode=trap-init")
+    raise SystemExit("a policy that traps in init was swapped in")
+except WasmemError as e:
+    print("refused:", e)
+print(json.dumps(lib.stats()))
+"""
+    )
+    s = last_json(p)
+    assert s["policy_traps"] >= 1 and s["policy_fallbacks"] >= 1, s
+    assert s["allocs"] == s["frees"] == 12 and s["live_pointers"] == 0
+    assert "refused:" in p.stdout and "hostile" in p.stdout
