@@ -4,7 +4,7 @@
 //! `wasmem ctl swap` swaps them with the one swap, like the ranks of a
 //! `wasmem train` run. `wasmem_swap_policy` is the same swap.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use wasmem::ctl::status::shadow_summary;
@@ -74,7 +74,7 @@ impl Control for LibraryControl {
 static SERVER: Mutex<Option<CtlServer>> = Mutex::new(None);
 
 /// Serves the control socket at `path` (once per process).
-pub fn start(path: &PathBuf) -> Result<(), ServerError> {
+pub fn start(path: &Path) -> Result<(), ServerError> {
     let mut g = SERVER.lock().unwrap_or_else(PoisonError::into_inner);
     if g.is_some() {
         return Ok(());

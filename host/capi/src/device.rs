@@ -264,7 +264,7 @@ impl DeviceState {
     /// Moves recorded actions into the bounded history (every 1024
     /// allocations, and for every snapshot).
     fn collect_history(&mut self) {
-        if self.history_max > 0 && self.next_trace_id % 1024 == 0 {
+        if self.history_max > 0 && self.next_trace_id.is_multiple_of(1024) {
             self.drain_history();
         }
     }

@@ -60,8 +60,12 @@ pub struct PolicyConfigError {
     /// The spec.
     pub spec: String,
     /// Why.
-    pub cause: SpecError,
+    pub cause: Box<SpecError>,
 }
+
+/// What a control status needs of one open device: its index, its
+/// allocator and its shadow.
+pub type DeviceStatusInput = (i32, std::sync::Arc<dyn ControlledRank>, Option<ShadowHandle>);
 
 /// The library's state (see the module documentation).
 pub struct State {
@@ -98,10 +102,14 @@ impl State {
         let pending = resolve_spec(&config.policy).map_err(|cause| PolicyConfigError {
             setting: "WASMEM_POLICY",
             spec: config.policy.clone(),
-            cause,
+            cause: Box::new(cause),
         })?;
         if let Some(s) = &config.shadow {
-            resolve_spec(s).map_err(|cause| PolicyConfigError { setting: "WASMEM_SHADOW", spec: s.clone(), cause })?;
+            resolve_spec(s).map_err(|cause| PolicyConfigError {
+                setting: "WASMEM_SHADOW",
+                spec: s.clone(),
+                cause: Box::new(cause),
+            })?;
         }
         Ok(State {
             policy: config.policy.clone(),
@@ -401,7 +409,7 @@ impl State {
 
     /// Everything a control status needs, to be read outside the lock:
     /// per open device its index, allocator and shadow; the last step.
-    pub fn status_inputs(&self) -> (Vec<(i32, std::sync::Arc<dyn ControlledRank>, Option<ShadowHandle>)>, Option<u64>) {
+    pub fn status_inputs(&self) -> (Vec<DeviceStatusInput>, Option<u64>) {
         let devs = self.devices.values().map(|d| (d.index(), d.engine().controlled(), d.shadow().cloned())).collect();
         (devs, self.phase.map(|p| p.1))
     }
