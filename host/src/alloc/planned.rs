@@ -452,13 +452,12 @@ impl<D: Device> Allocator<D> {
             // Blocks stay on the stream of their segment; the arena is on stream 0.
             return None;
         }
-        arena.free.remove(&boff);
-        // Before the range: a free remainder (keeps `blk`).
+        // Before the range: a free remainder (keeps `blk` and its entry).
         let mut cur = blk;
         if off > boff {
-            let rest = split(&mut self.arena.blocks, blk, off - boff);
-            arena.free.insert(boff, blk);
-            cur = rest;
+            cur = split(&mut self.arena.blocks, blk, off - boff);
+        } else {
+            arena.free.remove(&boff);
         }
         // After the range.
         let c = *self.arena.blocks.get(cur);
@@ -491,10 +490,15 @@ impl<D: Device> Allocator<D> {
     pub(super) fn arena_block_freed(&mut self, seg: u32, blk: u32, stale: [Option<u64>; 2]) {
         let offset = self.arena.blocks.get(blk).offset;
         let Some(arena) = self.planning.as_mut().and_then(|p| p.arena_mut(seg)) else { return };
-        for o in stale.iter().flatten() {
+        for o in stale.iter().flatten().filter(|&&o| o != offset) {
             arena.free.remove(o);
         }
-        arena.free.insert(offset, blk);
+        match arena.free.get_mut(&offset) {
+            Some(b) => *b = blk,
+            None => {
+                arena.free.insert(offset, blk);
+            }
+        }
     }
 
     /// At a step end: closes the profile and plans it when needed; after the
