@@ -4,11 +4,27 @@
 //! ```text
 //!  step s:   every request recorded (bytes, kind, stream, when freed) ─► profile
 //!  step end: planner(profile) ─► plan ─► validate_plan ─► stored (≤ 4, keyed by the first request)
-//!            the arena (one segment of the `planned` pool) grows to the plan when it is free
+//!  step s+1: at the plan's install point, a larger arena (one segment of the `planned` pool)
 //!  step s+1: request ──match the plan's next entries──► its offset free? ─► served there (a hit)
 //!                          │ no entry matches, or the range is occupied (a deviation)
 //!                          └──────────────────────────────────────────────► the dynamic path
 //! ```
+//!
+//! A step is profiled completely when every request's lifetime is known
+//! within it, or once it repeated the previous step's sequence (then the
+//! ends of its end-live requests were seen in the next step: `wraps_to`).
+//! The arena is not allocated when the plan is made but when a step that
+//! matches it reaches its *install point* ([`install_point`]: the time with
+//! the fewest planned bytes live): the old arena is freed if empty, the
+//! dynamic cache released, the arena allocated, and the plan's tensors live
+//! then moved to their planned offsets (a device copy each) — unless the
+//! allocator must keep addresses stable (the C ABI: PyTorch holds the
+//! pointers), where they stay and their ranges are misses this step. When
+//! the dynamic path runs out of memory, any free range of an arena that
+//! holds the request serves it ([`Allocator::arena_fallback`]); under
+//! pressure, idle arenas are the sixth rung of the reclamation ladder.
+//! Traces without step markers (most PyTorch snapshots) are never profiled:
+//! they stay on the dynamic path, with `defrag`'s results.
 //!
 //! Matching tolerates deviations: a request is compared with the next
 //! [`LOOKAHEAD`] entries of the plan; a match there skips the entries before
