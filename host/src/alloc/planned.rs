@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!  step s:   every request recorded (bytes, kind, stream, when freed) ─► profile
-//!  step end: planner(profile) ─► plan ─► validate_plan ─► stored (≤ 4, keyed by the first request)
+//!  step end: planner(profile) ─► plan ─► validate_plan ─► stored (≤ 8, keyed by the first request)
 //!  step s+1: at the plan's install point, a larger arena (one segment of the `planned` pool)
 //!  step s+1: request ──match the plan's next entries──► its offset free? ─► served there (a hit)
 //!                          │ no entry matches, or the range is occupied (a deviation)
@@ -53,7 +53,7 @@ use crate::device::{Device, DevicePtr};
 use crate::types::{StreamId, TensorId, TensorKind};
 
 /// Plans kept at once (different kinds of steps).
-pub const MAX_PLANS: usize = 4;
+pub const MAX_PLANS: usize = 8;
 
 /// Entries of the plan a request is compared with.
 pub const LOOKAHEAD: usize = 8;

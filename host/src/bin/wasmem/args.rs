@@ -108,6 +108,10 @@ pub enum Command {
         /// With `--zero`: write only this rank's trace (to `--output` itself).
         #[arg(long)]
         rank: Option<usize>,
+        /// Sequence lengths of successive steps, cycled (`512,384,448`):
+        /// batches of varying length, each at most `--seq`.
+        #[arg(long, value_delimiter = ',', value_name = "LEN,…")]
+        seq_cycle: Vec<u64>,
     },
     /// Train a small GPT with ZeRO sharding on local ranks (one thread each),
     /// every tensor in the engine's allocator; prints loss and memory per step.

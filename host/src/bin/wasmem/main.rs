@@ -218,19 +218,26 @@ fn compare(
 }
 
 fn synth(cmd: Command) -> Result<()> {
-    let Command::Synth { model, output, zero, ranks, rank } = cmd else { unreachable!("synth commands only") };
+    let Command::Synth { model, output, zero, ranks, rank, seq_cycle } = cmd else {
+        unreachable!("synth commands only")
+    };
     let spec = model.spec("gpt2-124m")?;
     let Some(stage) = zero else {
         if ranks.ranks != 1 || ranks.offload.is_some() || ranks.micro_batches.is_some() || rank.is_some() {
             bail!("--ranks, --rank, --offload and --micro-batches describe a ZeRO plan: add --zero STAGE");
         }
-        let events = wasmem::synth::synth(&spec)?;
-        let header = TraceHeader { source: format!("wasmem synth: {}", serde_json::to_string(&spec)?), ranks: 1 };
+        let events = wasmem::synth::synth_with_seqs(&spec, &seq_cycle)?;
+        let cycle = if seq_cycle.is_empty() { String::new() } else { format!(" seq cycle {seq_cycle:?}") };
+        let header =
+            TraceHeader { source: format!("wasmem synth: {}{cycle}", serde_json::to_string(&spec)?), ranks: 1 };
         wasmem::trace::write_file(&output, &header, &events)
             .with_context(|| format!("cannot write {}", output.display()))?;
         note!("wrote {} events ({} parameters) to {}", events.len(), spec.parameter_count(), output.display());
         return Ok(());
     };
+    if !seq_cycle.is_empty() {
+        bail!("--seq-cycle varies the eager model's steps; a ZeRO plan (--zero) has one length");
+    }
     let cfg = ranks.config(stage, ranks.ranks)?;
     if let Some(r) = rank.filter(|&r| r >= cfg.ranks) {
         bail!("--rank {r} is not a rank of {} ranks", cfg.ranks);
