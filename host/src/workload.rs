@@ -6,15 +6,21 @@
 //! parses a snapshot or synthesizes a preset once (the events are then
 //! shared by every run), and checks that a trace file opens. A trace file is
 //! streamed anew by each run ([`Workload::events`]), so a large trace is never
-//! held in memory.
+//! held in memory; with a [`TraceCache`] (the default for files of at least
+//! [`TraceCache::min_file_bytes`]) the first run writes its binary entry and
+//! later runs read that instead of parsing. The file's content key is
+//! computed once at open, and again only when the file's size or
+//! modification time changed since.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 use crate::model::{ModelError, ModelOverrides};
 use crate::synth::synth;
+use crate::trace::cache::{CachedTrace, ContentKey, Origin, TraceCache};
 use crate::trace::snapshot::{self, SnapshotError, SnapshotInfo};
-use crate::trace::{Event, TraceError, TraceReader};
+use crate::trace::{Event, ReadOptions, TraceError, TraceErrorKind, TraceReader};
 
 /// Where a workload comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,10 +56,24 @@ pub fn is_snapshot(path: &Path) -> bool {
 }
 
 enum Kind {
-    /// Streamed from the file by each run.
-    Trace(PathBuf),
+    /// Streamed from the file by each run (through the cache when it applies).
+    Trace(PathBuf, Option<Cached>),
     /// Parsed or synthesized once, shared by every run.
     Events(Arc<Vec<Event>>),
+}
+
+/// A trace file's cache and its content key as of its size and mtime.
+struct Cached {
+    cache: TraceCache,
+    key: Mutex<(Stamp, ContentKey)>,
+}
+
+/// What tells that a file may have changed.
+type Stamp = (u64, Option<SystemTime>);
+
+fn stamp(path: &Path) -> std::io::Result<Stamp> {
+    let m = std::fs::metadata(path)?;
+    Ok((m.len(), m.modified().ok()))
 }
 
 /// An opened workload.
@@ -67,8 +87,15 @@ pub struct Workload {
 pub type EventStream = Box<dyn Iterator<Item = Result<Event, TraceError>> + Send>;
 
 impl Workload {
-    /// Opens `source` (see the module documentation).
+    /// Opens `source` (see the module documentation) with the default trace
+    /// cache ([`TraceCache::from_env`]).
     pub fn open(source: &Source) -> Result<Workload, WorkloadError> {
+        Self::open_with(source, TraceCache::from_env())
+    }
+
+    /// Opens `source`; trace files use `cache` when it applies to their size
+    /// (`None`: never).
+    pub fn open_with(source: &Source, cache: Option<TraceCache>) -> Result<Workload, WorkloadError> {
         match source {
             Source::File(p) if is_snapshot(p) => {
                 let snap = snapshot::import_file(p, &snapshot::ImportOptions::default())?;
@@ -79,8 +106,23 @@ impl Workload {
                 })
             }
             Source::File(p) => {
-                TraceReader::open(p).map_err(|cause| WorkloadError::Trace { path: p.clone(), cause })?;
-                Ok(Workload { name: p.display().to_string(), kind: Kind::Trace(p.clone()), pytorch: None })
+                let trace_err = |cause| WorkloadError::Trace { path: p.clone(), cause };
+                TraceReader::open(p).map_err(trace_err)?;
+                let read_err =
+                    |e| trace_err(TraceError { file: p.display().to_string(), line: 0, kind: TraceErrorKind::Read(e) });
+                let cached = match cache {
+                    Some(cache) => {
+                        let st = stamp(p).map_err(read_err)?;
+                        if cache.applies_to(st.0) {
+                            let key = ContentKey::of_file(p).map_err(read_err)?;
+                            Some(Cached { cache, key: Mutex::new((st, key)) })
+                        } else {
+                            None
+                        }
+                    }
+                    None => None,
+                };
+                Ok(Workload { name: p.display().to_string(), kind: Kind::Trace(p.clone(), cached), pytorch: None })
             }
             Source::Synth(preset) => {
                 let spec = ModelOverrides::default().apply(preset)?;
@@ -111,14 +153,45 @@ impl Workload {
     /// The events, from the start.
     pub fn events(&self) -> Result<EventStream, WorkloadError> {
         Ok(match &self.kind {
-            Kind::Trace(p) => {
+            Kind::Trace(p, None) => {
                 Box::new(TraceReader::open(p).map_err(|cause| WorkloadError::Trace { path: p.clone(), cause })?)
             }
+            Kind::Trace(p, Some(c)) => Box::new(self.cached_events(p, c)?),
             Kind::Events(ev) => {
                 let ev = ev.clone();
                 Box::new((0..ev.len()).map(move |i| Ok(ev[i])))
             }
         })
+    }
+
+    /// For a cached trace file: writes its cache entry now unless a valid
+    /// one exists (reading the whole trace once), so that runs started
+    /// together afterwards all read the entry. Returns where the events came
+    /// from, `None` for workloads the cache does not apply to.
+    pub fn fill_cache(&self) -> Result<Option<Origin>, WorkloadError> {
+        let Kind::Trace(p, Some(c)) = &self.kind else { return Ok(None) };
+        let mut events = self.cached_events(p, c)?;
+        if !matches!(events.origin(), Origin::Hit) {
+            for e in &mut events {
+                e.map_err(|cause| WorkloadError::Trace { path: p.clone(), cause })?;
+            }
+        }
+        Ok(Some(events.into_origin()))
+    }
+
+    fn cached_events(&self, p: &Path, c: &Cached) -> Result<CachedTrace, WorkloadError> {
+        let trace_err = |cause| WorkloadError::Trace { path: p.to_path_buf(), cause };
+        let read_err =
+            |e| trace_err(TraceError { file: p.display().to_string(), line: 0, kind: TraceErrorKind::Read(e) });
+        let key = {
+            let mut k = c.key.lock().unwrap_or_else(|e| e.into_inner());
+            let now = stamp(p).map_err(read_err)?;
+            if now != k.0 {
+                *k = (now, ContentKey::of_file(p).map_err(read_err)?);
+            }
+            k.1
+        };
+        c.cache.open(p, &key, ReadOptions::default()).map_err(trace_err)
     }
 }
 

@@ -19,6 +19,7 @@ use wasmem::policy::{Limits, Runtime, RuntimeConfig};
 use wasmem::report;
 use wasmem::session::{self, DeviceChoice, ReplayOptions, ReplayOutcome};
 use wasmem::spec::Loader;
+use wasmem::trace::cache::TraceCache;
 use wasmem::trace::TraceHeader;
 use wasmem::train::session::{TrainOptions, TrainSession};
 use wasmem::workload::{Source, Workload};
@@ -51,7 +52,8 @@ fn workloads(common: &Common) -> Result<Vec<Workload>> {
     if sources.is_empty() {
         bail!("give at least one trace file or --synth PRESET");
     }
-    sources.iter().map(|s| Ok(Workload::open(s)?)).collect()
+    let cache = if common.no_trace_cache { None } else { TraceCache::from_env() };
+    sources.iter().map(|s| Ok(Workload::open_with(s, cache.clone())?)).collect()
 }
 
 /// The replay options every run of a command shares.
@@ -127,6 +129,10 @@ fn compare(
         swap: swap_at.clone(),
         ..replay_options(&common)?
     };
+    if policies.len() > 1 {
+        // One parse per trace file, then every run reads the cache entry.
+        ins.par_iter().try_for_each(|w| w.fill_cache().map(|_| ()))?;
+    }
     let pairs: Vec<(usize, usize)> = (0..ins.len()).flat_map(|t| (0..policies.len()).map(move |p| (t, p))).collect();
     let results: Vec<Result<ReplayOutcome, session::SessionError>> =
         pairs.par_iter().map(|&(t, p)| session::run(&ins[t], &policies[p], &opts, rt, &|_| {})).collect();
