@@ -34,7 +34,7 @@ use wasmem::spec::Builtins;
 use wasmem::synth::synth;
 use wasmem::trace::cache::TraceCache;
 use wasmem::trace::{write_file, Event, TraceHeader, TraceReader};
-use wasmem::workload::{Source, Workload};
+use wasmem::workload::{Source, TraceOptions, Workload};
 
 /// Events one `llama-1b` training step adds.
 const EVENTS_PER_STEP: u64 = 2740;
@@ -81,9 +81,10 @@ fn figure(what: &str, variant: &str, policy: &str, events: u64, seconds: f64, ra
 }
 
 /// Seconds of one end-to-end replay of `path` with `policy`.
-fn end_to_end(path: &Path, policy: &str, cache: Option<TraceCache>) -> (u64, f64) {
+fn end_to_end(path: &Path, policy: &str, cache: Option<TraceCache>, read_ahead: bool) -> (u64, f64) {
     let t = Instant::now();
-    let w = Workload::open_with(&Source::File(path.to_path_buf()), cache).expect("opens");
+    let opts = TraceOptions { cache, read_ahead };
+    let w = Workload::open_with(&Source::File(path.to_path_buf()), &opts).expect("opens");
     let out = session::run(&w, policy, &ReplayOptions::default(), &Builtins, &|_| {}).expect("replays");
     (out.metrics.events, t.elapsed().as_secs_f64())
 }
@@ -148,15 +149,17 @@ fn main() {
     drop(events);
     if wants("end_to_end") {
         for policy in &a.policies {
-            let ratio = |k: u64, s: f64| Some(k as f64 / s / alloc_eps[policy]);
-            let (k, s) = end_to_end(&path, policy, None);
-            figure("end_to_end", "no_cache", policy, k, s, ratio(k, s));
-            let cache_dir = tempfile::tempdir().expect("temporary directory");
-            let cache = TraceCache::at(cache_dir.path());
-            let (k, s) = end_to_end(&path, policy, Some(cache.clone()));
-            figure("end_to_end", "cold", policy, k, s, ratio(k, s));
-            let (k, s) = end_to_end(&path, policy, Some(cache));
-            figure("end_to_end", "warm", policy, k, s, ratio(k, s));
+            for (threads, read_ahead) in [("one_thread", false), ("read_ahead", true)] {
+                let ratio = |k: u64, s: f64| Some(k as f64 / s / alloc_eps[policy]);
+                let (k, s) = end_to_end(&path, policy, None, read_ahead);
+                figure("end_to_end", &format!("no_cache/{threads}"), policy, k, s, ratio(k, s));
+                let cache_dir = tempfile::tempdir().expect("temporary directory");
+                let cache = TraceCache::at(cache_dir.path());
+                let (k, s) = end_to_end(&path, policy, Some(cache.clone()), read_ahead);
+                figure("end_to_end", &format!("cold/{threads}"), policy, k, s, ratio(k, s));
+                let (k, s) = end_to_end(&path, policy, Some(cache), read_ahead);
+                figure("end_to_end", &format!("warm/{threads}"), policy, k, s, ratio(k, s));
+            }
         }
     }
 }

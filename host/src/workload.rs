@@ -20,7 +20,7 @@ use crate::model::{ModelError, ModelOverrides};
 use crate::synth::synth;
 use crate::trace::cache::{CachedTrace, ContentKey, Origin, TraceCache};
 use crate::trace::snapshot::{self, SnapshotError, SnapshotInfo};
-use crate::trace::{Event, ReadOptions, TraceError, TraceErrorKind, TraceReader};
+use crate::trace::{Event, ReadAhead, ReadOptions, TraceError, TraceErrorKind, TraceReader};
 
 /// Where a workload comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,26 +76,45 @@ fn stamp(path: &Path) -> std::io::Result<Stamp> {
     Ok((m.len(), m.modified().ok()))
 }
 
+/// How a [`Workload`] reads trace files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceOptions {
+    /// The cache of parsed traces (`None`: parse every time). Default:
+    /// [`TraceCache::from_env`].
+    pub cache: Option<TraceCache>,
+    /// Read (parse, or decode the cache entry) on a second thread, ahead of
+    /// the replay ([`ReadAhead`]). Default: on.
+    pub read_ahead: bool,
+}
+
+impl Default for TraceOptions {
+    fn default() -> Self {
+        TraceOptions { cache: TraceCache::from_env(), read_ahead: true }
+    }
+}
+
 /// An opened workload.
 pub struct Workload {
     name: String,
     kind: Kind,
     pytorch: Option<SnapshotInfo>,
+    read_ahead: bool,
 }
 
 /// The events of one run of a workload.
 pub type EventStream = Box<dyn Iterator<Item = Result<Event, TraceError>> + Send>;
 
 impl Workload {
-    /// Opens `source` (see the module documentation) with the default trace
-    /// cache ([`TraceCache::from_env`]).
+    /// Opens `source` (see the module documentation) with the default
+    /// [`TraceOptions`].
     pub fn open(source: &Source) -> Result<Workload, WorkloadError> {
-        Self::open_with(source, TraceCache::from_env())
+        Self::open_with(source, &TraceOptions::default())
     }
 
-    /// Opens `source`; trace files use `cache` when it applies to their size
-    /// (`None`: never).
-    pub fn open_with(source: &Source, cache: Option<TraceCache>) -> Result<Workload, WorkloadError> {
+    /// Opens `source`, reading trace files as `opts` says.
+    pub fn open_with(source: &Source, opts: &TraceOptions) -> Result<Workload, WorkloadError> {
+        let cache = opts.cache.clone();
+        let read_ahead = opts.read_ahead;
         match source {
             Source::File(p) if is_snapshot(p) => {
                 let snap = snapshot::import_file(p, &snapshot::ImportOptions::default())?;
@@ -103,6 +122,7 @@ impl Workload {
                     name: p.display().to_string(),
                     kind: Kind::Events(Arc::new(snap.events)),
                     pytorch: Some(snap.info),
+                    read_ahead,
                 })
             }
             Source::File(p) => {
@@ -122,7 +142,12 @@ impl Workload {
                     }
                     None => None,
                 };
-                Ok(Workload { name: p.display().to_string(), kind: Kind::Trace(p.clone(), cached), pytorch: None })
+                Ok(Workload {
+                    name: p.display().to_string(),
+                    kind: Kind::Trace(p.clone(), cached),
+                    pytorch: None,
+                    read_ahead,
+                })
             }
             Source::Synth(preset) => {
                 let spec = ModelOverrides::default().apply(preset)?;
@@ -130,6 +155,7 @@ impl Workload {
                     name: format!("synth:{preset}"),
                     kind: Kind::Events(Arc::new(synth(&spec)?)),
                     pytorch: None,
+                    read_ahead,
                 })
             }
         }
@@ -137,7 +163,7 @@ impl Workload {
 
     /// A workload of the events `events`, named `name`.
     pub fn from_events(name: &str, events: Vec<Event>) -> Workload {
-        Workload { name: name.to_string(), kind: Kind::Events(Arc::new(events)), pytorch: None }
+        Workload { name: name.to_string(), kind: Kind::Events(Arc::new(events)), pytorch: None, read_ahead: false }
     }
 
     /// The name reports use (the path, or `synth:PRESET`).
@@ -150,8 +176,24 @@ impl Workload {
         self.pytorch.as_ref()
     }
 
-    /// The events, from the start.
+    /// The events, from the start. Trace files are read on a second thread
+    /// ([`TraceOptions::read_ahead`]) unless that thread cannot start.
     pub fn events(&self) -> Result<EventStream, WorkloadError> {
+        let stream = self.open_stream()?;
+        if !self.read_ahead || matches!(self.kind, Kind::Events(_)) {
+            return Ok(stream);
+        }
+        match ReadAhead::spawn(stream) {
+            Ok(r) => Ok(Box::new(r)),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start a thread to read the trace ahead; reading it inline");
+                self.open_stream()
+            }
+        }
+    }
+
+    /// The events on the calling thread.
+    fn open_stream(&self) -> Result<EventStream, WorkloadError> {
         Ok(match &self.kind {
             Kind::Trace(p, None) => {
                 Box::new(TraceReader::open(p).map_err(|cause| WorkloadError::Trace { path: p.clone(), cause })?)

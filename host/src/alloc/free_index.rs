@@ -351,6 +351,10 @@ mod tests {
                         let s = StreamId(stream);
                         let want = set.range((s, size, 0, 0)..).next().copied().filter(|k| k.0 == s);
                         prop_assert_eq!(idx.best_fit(s, size, u64::MAX), want);
+                        let mut big: Vec<FreeKey> = idx.at_least(size).collect();
+                        big.sort_unstable();
+                        let want: Vec<FreeKey> = set.iter().copied().filter(|k| k.1 >= size).collect();
+                        prop_assert_eq!(big, want);
                     }
                 }
                 prop_assert_eq!(idx.len(), set.len());

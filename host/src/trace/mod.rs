@@ -23,6 +23,7 @@
 //! its size is that of the live set, so reading is constant-memory in the
 //! length of the trace apart from the live ids.
 
+mod ahead;
 pub mod cache;
 mod error;
 mod fast;
@@ -32,6 +33,7 @@ mod reader;
 pub mod snapshot;
 mod writer;
 
+pub use ahead::ReadAhead;
 pub use error::{TraceError, TraceErrorKind};
 pub use reader::{FileTraceReader, ReadOptions, TraceReader, DEFAULT_MAX_LINE_LEN};
 pub use writer::{FileSink, FileTraceWriter, TraceWriter};

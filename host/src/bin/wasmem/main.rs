@@ -19,10 +19,9 @@ use wasmem::policy::{Limits, Runtime, RuntimeConfig};
 use wasmem::report;
 use wasmem::session::{self, DeviceChoice, ReplayOptions, ReplayOutcome};
 use wasmem::spec::Loader;
-use wasmem::trace::cache::TraceCache;
 use wasmem::trace::TraceHeader;
 use wasmem::train::session::{TrainOptions, TrainSession};
-use wasmem::workload::{Source, Workload};
+use wasmem::workload::{Source, TraceOptions, Workload};
 
 /// The policy runtime of this process (one engine, one artifact cache).
 fn runtime(deadline_ms: f64) -> Result<&'static Runtime> {
@@ -52,8 +51,11 @@ fn workloads(common: &Common) -> Result<Vec<Workload>> {
     if sources.is_empty() {
         bail!("give at least one trace file or --synth PRESET");
     }
-    let cache = if common.no_trace_cache { None } else { TraceCache::from_env() };
-    sources.iter().map(|s| Ok(Workload::open_with(s, cache.clone())?)).collect()
+    let mut opts = TraceOptions::default();
+    if common.no_trace_cache {
+        opts.cache = None;
+    }
+    sources.iter().map(|s| Ok(Workload::open_with(s, &opts)?)).collect()
 }
 
 /// The replay options every run of a command shares.

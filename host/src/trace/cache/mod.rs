@@ -159,7 +159,7 @@ impl TraceCache {
                     path: path.to_path_buf(),
                     opts,
                 }));
-                return Ok(CachedTrace { header: header.trace, origin: Origin::Hit, state });
+                return Ok(CachedTrace { header: header.trace, origin: Origin::Hit, state, resumed_at: None });
             }
             Ok(None) => None,
             Err(e) => {
@@ -174,7 +174,12 @@ impl TraceCache {
             Some(e) => Origin::Rejected(e),
             None => Origin::Miss,
         };
-        Ok(CachedTrace { header, origin, state: State::Parsing(Box::new(Parsing { reader, writer })) })
+        Ok(CachedTrace {
+            header,
+            origin,
+            state: State::Parsing(Box::new(Parsing { reader, writer })),
+            resumed_at: None,
+        })
     }
 
     /// Starts writing the entry for `key` (logged and `None` on failure).
@@ -205,7 +210,7 @@ fn open_entry(
 ) -> Result<Option<(EntryReader<BufReader<File>>, EntryHeader)>, CacheError> {
     let file = match File::open(entry) {
         Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::NotADirectory) => return Ok(None),
         Err(e) => return Err(e.into()),
     };
     let (reader, header) = EntryReader::new(BufReader::with_capacity(1 << 16, file))?;
@@ -240,6 +245,8 @@ pub struct CachedTrace {
     header: TraceHeader,
     origin: Origin,
     state: State,
+    /// Events delivered from the entry before it proved unusable.
+    resumed_at: Option<u64>,
 }
 
 impl fmt::Debug for CachedTrace {
@@ -287,6 +294,13 @@ impl CachedTrace {
     /// Where the events come from (as decided when opened).
     pub fn origin(&self) -> &Origin {
         &self.origin
+    }
+
+    /// For a hit whose entry proved unusable after it was opened (a bad
+    /// chunk): how many events came from the entry before the parser took
+    /// over.
+    pub fn resumed_at(&self) -> Option<u64> {
+        self.resumed_at
     }
 
     /// [`origin`](Self::origin), by value.
@@ -356,6 +370,7 @@ impl Iterator for CachedTrace {
                                 delivered = c.delivered,
                                 "ignoring an unusable trace cache entry; parsing the trace from there"
                             );
+                            self.resumed_at = Some(c.delivered);
                             match c.resume() {
                                 Ok(p) => self.state = State::Parsing(Box::new(p)),
                                 Err(e) => {
@@ -393,3 +408,46 @@ impl Iterator for CachedTrace {
 }
 
 impl std::iter::FusedIterator for CachedTrace {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::write_file;
+    use crate::types::TensorKind;
+
+    fn alloc(id: u64) -> Event {
+        Event::Alloc { id, bytes: 64, kind: TensorKind::Temp, stream: 0, t_us: None }
+    }
+
+    #[test]
+    fn an_entry_that_breaks_the_id_rules_is_not_trusted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.jsonl");
+        let events = vec![alloc(1), Event::Free { id: 1, t_us: None }, alloc(2)];
+        write_file(&path, &TraceHeader::default(), &events).unwrap();
+        let key = ContentKey::of_file(&path).unwrap();
+        let cache = TraceCache::at(dir.path().join("cache")).with_min_file_bytes(0);
+        // A well-formed entry with valid checksums whose events reuse an id.
+        let eh = EntryHeader {
+            digest: key.0,
+            max_line_len: ReadOptions::default().max_line_len as u64,
+            trace: TraceHeader::default(),
+        };
+        std::fs::create_dir_all(cache.dir()).unwrap();
+        let mut w = EntryWriter::new(Vec::new(), &eh).unwrap();
+        for e in [alloc(1), alloc(1)] {
+            w.push(&e).unwrap();
+        }
+        std::fs::write(cache.entry_path(&key, ReadOptions::default()), w.finish().unwrap()).unwrap();
+
+        let mut t = cache.open(&path, &key, ReadOptions::default()).unwrap();
+        assert!(matches!(t.origin(), Origin::Hit));
+        let got: Vec<Event> = t.by_ref().map(Result::unwrap).collect();
+        assert_eq!(got, events);
+        assert_eq!(t.resumed_at(), Some(0), "no event of the bad chunk was delivered");
+        // The parse rewrote the entry.
+        let again = cache.open(&path, &key, ReadOptions::default()).unwrap();
+        assert!(matches!(again.origin(), Origin::Hit));
+        assert_eq!(again.map(Result::unwrap).collect::<Vec<_>>(), events);
+    }
+}
