@@ -25,11 +25,11 @@ fn events(n: u64) -> Vec<Event> {
             stream: (id % 3) as u32,
             t_us: Some(id * 10),
         });
-        ev.push(Event::Use { id, stream: (id % 4 == 0).then_some(2) });
+        ev.push(Event::Use { id, stream: id.is_multiple_of(4).then_some(2) });
         if id > 8 {
-            ev.push(Event::Free { id: id - 8, t_us: (id % 2 == 0).then_some(id * 10 + 3) });
+            ev.push(Event::Free { id: id - 8, t_us: id.is_multiple_of(2).then_some(id * 10 + 3) });
         }
-        if id % 500 == 0 {
+        if id.is_multiple_of(500) {
             ev.push(Event::Phase { phase: Phase::StepEnd, step: id / 500 });
         }
     }

@@ -150,11 +150,11 @@ fn long_traces_cross_buffer_boundaries_the_same_way() {
             bytes: id * 7919,
             kind: kinds[id as usize % kinds.len()],
             stream: (id % 5) as u32,
-            t_us: (id % 3 == 0).then_some(id * id),
+            t_us: id.is_multiple_of(3).then_some(id * id),
         })
         .unwrap();
-        w.write(&Event::Use { id, stream: (id % 2 == 0).then_some(1) }).unwrap();
-        if id % 1000 == 0 {
+        w.write(&Event::Use { id, stream: id.is_multiple_of(2).then_some(1) }).unwrap();
+        if id.is_multiple_of(1000) {
             w.write(&Event::Phase { phase: Phase::StepEnd, step: id }).unwrap();
         }
         w.write(&Event::Free { id, t_us: None }).unwrap();

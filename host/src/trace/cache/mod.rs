@@ -202,12 +202,15 @@ impl TraceCache {
     }
 }
 
+/// An entry being read.
+type EntryFile = EntryReader<BufReader<File>>;
+
 /// Opens and checks an entry's header; `Ok(None)` when there is none.
 fn open_entry(
     entry: &Path,
     key: &ContentKey,
     opts: ReadOptions,
-) -> Result<Option<(EntryReader<BufReader<File>>, EntryHeader)>, CacheError> {
+) -> Result<Option<(EntryFile, EntryHeader)>, CacheError> {
     let file = match File::open(entry) {
         Ok(f) => f,
         Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::NotADirectory) => return Ok(None),
@@ -265,7 +268,7 @@ enum State {
 }
 
 struct Cached {
-    entry: EntryReader<BufReader<File>>,
+    entry: EntryFile,
     /// The decoded, validated chunk being delivered.
     chunk: Vec<Event>,
     pos: usize,
