@@ -8,7 +8,6 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::io::Write;
-use std::time::Instant;
 
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
@@ -146,7 +145,12 @@ const MAX_VALUES: usize = 20_000;
 fn small_limits() -> ImportOptions {
     ImportOptions {
         device: 0,
-        limits: ImportLimits { max_input_bytes: 1 << 20, max_values: MAX_VALUES, max_walk_steps: 200_000 },
+        limits: ImportLimits {
+            max_input_bytes: 1 << 20,
+            max_values: MAX_VALUES,
+            max_walk_steps: 200_000,
+            ..ImportLimits::default()
+        },
     }
 }
 
@@ -391,12 +395,10 @@ fn billion_laughs_stays_small() {
         }
     }
     b.extend_from_slice(b"s.");
-    let start = Instant::now();
     let (r, peak) =
         peak_of(|| snapshot::import_bytes(&b, "laughs.pickle", &ImportOptions::default()).map_err(|e| e.to_string()));
     assert_eq!(r.unwrap_err(), "laughs.pickle: `device_traces[0][0]` should be a dict, found list");
     assert!(peak < 1 << 20, "peak {peak}");
-    assert!(start.elapsed().as_secs() < 5);
 }
 
 #[test]
@@ -431,14 +433,12 @@ fn shared_dict_with_many_keys_hits_the_walk_limit() {
         limits: ImportLimits { max_walk_steps: 1_000_000, ..ImportLimits::default() },
         ..ImportOptions::default()
     };
-    let start = Instant::now();
     let e = snapshot::import_bytes(&b, "keys.pickle", &opts).unwrap_err();
     assert_eq!(
         e.to_string(),
         "keys.pickle: the snapshot has more than 1000000 items to visit \
          (raise ImportLimits::max_walk_steps)"
     );
-    assert!(start.elapsed().as_secs() < 5);
 }
 
 #[test]
