@@ -155,6 +155,14 @@ pub trait PlacementPolicy: Send {
     fn memoizable(&self) -> bool {
         false
     }
+    /// Whether a call costs enough (a WebAssembly call: hundreds of
+    /// nanoseconds or more) that the engine times every one for the
+    /// `policy_call_p50_ns`/`p99_ns` metrics. `false` (the default, for
+    /// native policies): the engine times one call in 64 and counts it for
+    /// the 64, so timing stays off the hot path.
+    fn time_every_call(&self) -> bool {
+        false
+    }
     /// The learned state behind this role, if the policy can hand it to a
     /// successor at a hot swap (see [`PolicyState`]).
     fn state(&self) -> Option<StateHandle> {
@@ -240,6 +248,14 @@ pub trait ReclamationPolicy: Send {
     fn paged_segments(&self) -> bool {
         false
     }
+    /// Whether a call costs enough (a WebAssembly call: hundreds of
+    /// nanoseconds or more) that the engine times every one for the
+    /// `policy_call_p50_ns`/`p99_ns` metrics. `false` (the default, for
+    /// native policies): the engine times one call in 64 and counts it for
+    /// the 64, so timing stays off the hot path.
+    fn time_every_call(&self) -> bool {
+        false
+    }
     /// The learned state behind this role (see [`PolicyState`]).
     fn state(&self) -> Option<StateHandle> {
         None
@@ -299,6 +315,14 @@ pub trait EvictionPolicy: Send {
     fn prefetch_order(&mut self, _offloaded: &[EvictionCandidate], _ctx: &PolicyContext) -> Option<Vec<TensorId>> {
         None
     }
+    /// Whether a call costs enough (a WebAssembly call: hundreds of
+    /// nanoseconds or more) that the engine times every one for the
+    /// `policy_call_p50_ns`/`p99_ns` metrics. `false` (the default, for
+    /// native policies): the engine times one call in 64 and counts it for
+    /// the 64, so timing stays off the hot path.
+    fn time_every_call(&self) -> bool {
+        false
+    }
 
     /// Whether the policy reads the workload's future (`next_use`): an
     /// offline policy, whose results are a bound for comparisons, not
@@ -332,6 +356,185 @@ pub fn validate_victims(candidates: &[EvictionCandidate], victims: &[TensorId]) 
         total = total.saturating_add(c.bytes);
     }
     Ok(total)
+}
+
+/// Alignment of every planned offset (and the rounding of every planned request).
+pub const PLAN_ALIGN: u64 = 512;
+
+/// One request of a profiled step, as a planner sees it. Time is counted in
+/// requests: request `k` is allocated at time `k`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanRequest {
+    /// Requested bytes (the planned block is this, rounded up to [`PLAN_ALIGN`]).
+    pub bytes: u64,
+    /// What the tensor holds.
+    pub kind: TensorKind,
+    /// Its stream.
+    pub stream: StreamId,
+    /// The time it was freed: the index of the first request allocated
+    /// after its free; `None`: still live at the end of the step.
+    pub freed_at: Option<u32>,
+    /// For a tensor live at the step's end: the time in the *next* step at
+    /// which the same request of the previous step was freed (the step is a
+    /// cycle: request `k` then occupies `[k, end) ∪ [0, wraps_to)`); `None`:
+    /// not known (it was never freed, or there was no previous step).
+    pub wraps_to: Option<u32>,
+}
+
+impl PlanRequest {
+    /// The bytes a planned block of this request takes.
+    pub fn planned_bytes(&self) -> u64 {
+        self.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN
+    }
+
+    /// Whether request `k` (this one) has a known lifetime in the step's
+    /// cycle: freed within the step, or live at the end and freed in the
+    /// next step before that step's request `k` (otherwise two instances of
+    /// it would be live at once). Only such requests can be planned.
+    pub fn plannable(&self, k: u32) -> bool {
+        self.freed_at.is_some() || self.wraps_to.is_some_and(|w| w <= k)
+    }
+
+    /// The time intervals it occupies in the cycle of a step of `n` requests
+    /// (`k`: its index): one, or two when it wraps.
+    pub fn intervals(&self, k: u32, n: u32) -> ([(u32, u32); 2], usize) {
+        match (self.freed_at, self.wraps_to) {
+            (Some(f), _) => ([(k, f.max(k + 1)), (0, 0)], 1),
+            (None, Some(w)) if w > 0 => ([(k, n), (0, w.min(k))], if w.min(k) > 0 { 2 } else { 1 }),
+            (None, _) => ([(k, n), (0, 0)], 1),
+        }
+    }
+}
+
+/// The profile of one step: its requests in order.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StepProfile {
+    /// The step that was profiled.
+    pub step: u64,
+    /// Its requests, in allocation order.
+    pub requests: Vec<PlanRequest>,
+}
+
+/// Where each request of a step goes in one arena.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Plan {
+    /// Bytes of the arena.
+    pub arena_bytes: u64,
+    /// An offset in the arena for each request of the profile, in order;
+    /// `None`: not planned (served by the dynamic path).
+    pub offsets: Vec<Option<u64>>,
+}
+
+impl Plan {
+    /// Number of planned requests.
+    pub fn planned(&self) -> usize {
+        self.offsets.iter().filter(|o| o.is_some()).count()
+    }
+}
+
+/// The planning decision point: at a step boundary, a plan for the steps
+/// that repeat the profiled one.
+pub trait PlannerPolicy: Send {
+    /// Name for logs and reports.
+    fn name(&self) -> &str;
+    /// A plan for `profile` (one offset per request, or none).
+    fn plan(&mut self, profile: &StepProfile, ctx: &PolicyContext) -> Result<Plan, PolicyError>;
+    /// The learned state behind this role (see [`PolicyState`]).
+    fn state(&self) -> Option<StateHandle> {
+        None
+    }
+}
+
+/// Checks a plan against its profile: one entry per request; every planned
+/// request plannable ([`PlanRequest::plannable`]), its offset aligned to
+/// [`PLAN_ALIGN`] and its block inside the arena; the arena at most
+/// `max_arena` bytes; and no two planned requests whose lifetimes overlap
+/// (in the step's cycle) sharing a byte — by a sweep over time with the
+/// active blocks ordered by address, O(n log n).
+pub fn validate_plan(profile: &StepProfile, plan: &Plan, max_arena: u64) -> Result<(), InvalidDecision> {
+    let bad = |m: String| Err(InvalidDecision(m));
+    let reqs = &profile.requests;
+    if plan.offsets.len() != reqs.len() {
+        return bad(format!("the plan has {} entries for {} requests", plan.offsets.len(), reqs.len()));
+    }
+    if plan.arena_bytes > max_arena {
+        return bad(format!("an arena of {} bytes exceeds the {max_arena} bytes the device allows", plan.arena_bytes));
+    }
+    let n = u32::try_from(reqs.len()).map_err(|_| InvalidDecision("more than 2^32 requests".into()))?;
+    // (time, is_start, offset, end offset, request)
+    let mut events: Vec<(u32, bool, u64, u64, u32)> = Vec::new();
+    for (k, (r, off)) in reqs.iter().zip(&plan.offsets).enumerate() {
+        let Some(off) = *off else { continue };
+        if !r.plannable(k as u32) {
+            return bad(format!("request {k} has no known end of life in the cycle and cannot be planned"));
+        }
+        if off % PLAN_ALIGN != 0 {
+            return bad(format!("request {k}: offset {off} is not a multiple of {PLAN_ALIGN}"));
+        }
+        let end = off.checked_add(r.planned_bytes()).filter(|&e| e <= plan.arena_bytes);
+        let Some(end) = end else {
+            return bad(format!(
+                "request {k}: [{off}, +{}) leaves the arena of {} bytes",
+                r.planned_bytes(),
+                plan.arena_bytes
+            ));
+        };
+        let (iv, m) = r.intervals(k as u32, n);
+        for &(t0, t1) in &iv[..m] {
+            if t0 < t1 {
+                events.push((t0, true, off, end, k as u32));
+                events.push((t1, false, off, end, k as u32));
+            }
+        }
+    }
+    // Ends before starts at the same time: a block freed before request t is
+    // free for it.
+    events.sort_unstable_by_key(|&(t, start, off, _, k)| (t, start, off, k));
+    let mut active: std::collections::BTreeMap<u64, (u64, u32)> = std::collections::BTreeMap::new();
+    for (_, start, off, end, k) in events {
+        if !start {
+            active.remove(&off);
+            continue;
+        }
+        if let Some((&o, &(e, j))) = active.range(..end).next_back() {
+            if e > off && o < end {
+                return bad(format!("requests {j} and {k} are live at once and share bytes at offset {}", off.max(o)));
+            }
+        }
+        active.insert(off, (end, k));
+    }
+    Ok(())
+}
+
+/// The planned bytes live at each time of a step's cycle: entry `t` is
+/// what occupies the arena while request `t` is served (the intervals of
+/// [`PlanRequest::intervals`]); its maximum is the smallest arena any plan
+/// of these requests can have.
+pub fn cycle_live(requests: &[PlanRequest], offsets: &[Option<u64>]) -> Vec<u64> {
+    let n = requests.len();
+    let mut delta = vec![0i128; n + 1];
+    for (k, (r, off)) in requests.iter().zip(offsets).enumerate() {
+        if off.is_none() {
+            continue;
+        }
+        let b = i128::from(r.planned_bytes());
+        let (iv, m) = r.intervals(k as u32, n as u32);
+        for &(t0, t1) in &iv[..m] {
+            let (t0, t1) = (t0 as usize, (t1 as usize).min(n));
+            if t0 < t1 {
+                delta[t0] += b;
+                delta[t1] -= b;
+            }
+        }
+    }
+    let mut live = 0i128;
+    delta[..n]
+        .iter()
+        .map(|d| {
+            live += d;
+            live.max(0) as u64
+        })
+        .collect()
 }
 
 /// Why a policy call produced no usable decision.
@@ -490,6 +693,36 @@ mod tests {
         assert!(PlacementDecision { segment_round: 0, ..d() }.validate(&req(1), 1).is_err());
         assert!(PlacementDecision { split_min_remainder: 0, ..d() }.validate(&req(1), 1).is_err());
         assert!(d().validate(&req(u64::MAX - 10), 1).is_err());
+    }
+
+    fn preq(freed_at: Option<u32>, wraps_to: Option<u32>) -> PlanRequest {
+        PlanRequest { bytes: 1000, kind: TensorKind::Activation, stream: StreamId(0), freed_at, wraps_to }
+    }
+
+    #[test]
+    fn plan_validation() {
+        // 0 lives [0,2), 1 lives [1,3), 2 lives [2,3), 3 is live at the end and wraps to 1.
+        let p = StepProfile {
+            step: 1,
+            requests: vec![preq(Some(2), None), preq(Some(3), None), preq(Some(3), None), preq(None, Some(1))],
+        };
+        let ok = Plan { arena_bytes: 2048, offsets: vec![Some(0), Some(1024), Some(0), Some(0)] };
+        // 3 takes offset 0 from time 3 on, and at the next step's time 0 (before 0 is allocated again)… 0 starts at 0 while 3 still lives: overlap.
+        assert!(validate_plan(&p, &ok, 1 << 20).unwrap_err().0.contains("share bytes"));
+        let ok = Plan { arena_bytes: 3072, offsets: vec![Some(0), Some(1024), Some(0), Some(2048)] };
+        assert_eq!(validate_plan(&p, &ok, 1 << 20), Ok(()));
+        let short = Plan { arena_bytes: 3072, offsets: vec![Some(0)] };
+        assert!(validate_plan(&p, &short, 1 << 20).is_err());
+        let overlap = Plan { arena_bytes: 3072, offsets: vec![Some(0), Some(512), None, None] };
+        assert!(validate_plan(&p, &overlap, 1 << 20).unwrap_err().0.contains("share bytes"));
+        let outside = Plan { arena_bytes: 1024, offsets: vec![Some(512), None, None, None] };
+        assert!(validate_plan(&p, &outside, 1 << 20).unwrap_err().0.contains("leaves the arena"));
+        let unaligned = Plan { arena_bytes: 4096, offsets: vec![Some(100), None, None, None] };
+        assert!(validate_plan(&p, &unaligned, 1 << 20).unwrap_err().0.contains("multiple"));
+        let big = Plan { arena_bytes: 1 << 30, offsets: vec![None; 4] };
+        assert!(validate_plan(&p, &big, 1 << 20).unwrap_err().0.contains("exceeds"));
+        let unknown = StepProfile { step: 1, requests: vec![preq(None, None)] };
+        assert!(validate_plan(&unknown, &Plan { arena_bytes: 1024, offsets: vec![Some(0)] }, 1 << 20).is_err());
     }
 
     #[test]

@@ -39,6 +39,7 @@ pub mod dirs;
 pub mod driver;
 pub mod metrics;
 pub mod model;
+pub mod plan;
 pub mod plot;
 #[cfg(feature = "wasm")]
 pub mod policy;
@@ -49,6 +50,7 @@ pub mod shadow;
 pub mod shard;
 pub mod spec;
 pub mod synth;
+pub mod text;
 pub mod tier;
 pub mod trace;
 pub mod train;

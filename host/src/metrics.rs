@@ -3,11 +3,14 @@
 //!
 //! A [`Metrics`] value is filled in three parts: the event counts by whoever
 //! drives the allocator ([`crate::driver::Driver`]), the allocator-derived
-//! keys by [`fill`], and the timing keys by [`Metrics::set_timing`].
+//! keys by [`fill`], and the timing keys by [`Metrics::set_timing`] (wall
+//! time) and [`Metrics::set_policy_latency`] (policy call durations).
+//! [`Metrics::clear_timing`] zeroes every wall-clock-dependent key, for
+//! comparisons.
 
 use serde::Serialize;
 
-use crate::alloc::{Allocator, PauseHistogram, Stats};
+use crate::alloc::{Allocator, LatencyHistogram, PauseHistogram, Stats};
 use crate::device::Device;
 use crate::tier::TierStats;
 
@@ -42,7 +45,10 @@ pub struct Metrics {
     pub prefetched_bytes: u64,
     /// Bytes copied by defragmentation.
     pub moved_bytes: u64,
-    /// Calls into policies.
+    /// Calls into the active policy of each role: the one the spec names, or
+    /// the built-in default of a role the spec does not provide. Memoized
+    /// placements and calls the fallback decided (a disabled role) are not
+    /// counted; per-role counts are in [`crate::alloc::PolicySet::health`].
     pub policy_calls: u64,
     /// Policy calls that trapped or hit a limit.
     pub policy_traps: u64,
@@ -52,6 +58,12 @@ pub struct Metrics {
     pub wall_seconds: f64,
     /// Replay speed on this machine.
     pub events_per_second: f64,
+    /// Median duration of a call into the active policies, nanoseconds
+    /// (wall-clock, within 12.5 %; 0 without calls). WebAssembly calls are
+    /// all timed, native ones one in 64.
+    pub policy_call_p50_ns: u64,
+    /// 99th-percentile duration of a call into the active policies, nanoseconds.
+    pub policy_call_p99_ns: u64,
     /// `use` events.
     pub uses: u64,
     /// Allocations served from cached blocks.
@@ -106,6 +118,16 @@ pub struct Metrics {
     /// The eviction policy read the workload's future (Belady): an offline
     /// bound for comparisons, not an achievable result.
     pub offline_bound: bool,
+    /// Plans accepted from the planner (planned placement).
+    pub plans: u64,
+    /// Requests served at their planned offset.
+    pub plan_hits: u64,
+    /// Requests of planned steps served by the dynamic path instead.
+    pub plan_misses: u64,
+    /// Plans refused (invalid, the planner failed, or no arena).
+    pub plan_refused: u64,
+    /// Bytes of the planned arena at the end (the peak is in `peak_reserved_bytes`).
+    pub plan_arena_bytes: u64,
     /// The first request that failed after every remedy (event and reason).
     pub first_oom: Option<String>,
 }
@@ -119,9 +141,27 @@ impl Metrics {
         self.events_per_second = if wall_seconds > 0.0 { self.events as f64 / wall_seconds } else { 0.0 };
     }
 
-    /// Fills the allocator-derived keys from `alloc` (see [`fill`]).
+    /// Sets the policy call latency keys from the durations `h`.
+    pub fn set_policy_latency(&mut self, h: &LatencyHistogram) {
+        self.policy_call_p50_ns = h.quantile(0.5);
+        self.policy_call_p99_ns = h.quantile(0.99);
+    }
+
+    /// Zeroes every key that depends on the wall clock (`wall_seconds`,
+    /// `events_per_second`, `policy_call_p50_ns`, `policy_call_p99_ns`), so
+    /// that two runs compare equal when their behaviour is.
+    pub fn clear_timing(&mut self) {
+        self.wall_seconds = 0.0;
+        self.events_per_second = 0.0;
+        self.policy_call_p50_ns = 0;
+        self.policy_call_p99_ns = 0;
+    }
+
+    /// Fills the allocator-derived keys from `alloc` (see [`fill`]) and the
+    /// policy call latencies.
     pub fn fill_from<D: Device>(&mut self, alloc: &Allocator<D>) {
         fill(self, &alloc.stats(), alloc.device(), alloc.gc_pauses(), &alloc.tier_stats());
+        self.set_policy_latency(&alloc.policies().latency());
         self.offline_bound = alloc.eviction_needs_future();
     }
 }
@@ -164,4 +204,9 @@ pub fn fill<D: Device>(m: &mut Metrics, s: &Stats, dev: &D, pauses: &PauseHistog
     m.trimmed_bytes = s.trimmed_bytes;
     m.moved_bytes_per_step = s.moved_bytes as f64 / m.steps.max(1) as f64;
     m.moved_fraction = if m.bytes_allocated > 0 { s.moved_bytes as f64 / m.bytes_allocated as f64 } else { 0.0 };
+    m.plans = s.plans;
+    m.plan_hits = s.plan_hits;
+    m.plan_misses = s.plan_misses;
+    m.plan_refused = s.plan_refused;
+    m.plan_arena_bytes = s.plan_arena_bytes;
 }

@@ -197,7 +197,8 @@ where
     I: IntoIterator<Item = Result<Event, E>>,
     E: std::fmt::Display,
 {
-    let mut first: Option<(Metrics, Stats, crate::device::DeviceCounters, usize, TierStats)> = None;
+    type AtSplit = (Metrics, Stats, crate::device::DeviceCounters, usize, TierStats, crate::alloc::LatencyHistogram);
+    let mut first: Option<AtSplit> = None;
     if let Some(t) = &cfg.tiers {
         alloc.enable_tiers(t.clone());
     }
@@ -224,7 +225,14 @@ where
             let s = split.take().expect("checked");
             let mut fm = driver.metrics(&alloc);
             fm.set_timing(start.elapsed().as_secs_f64());
-            first = Some((fm, alloc.stats(), alloc.device().counters(), alloc.gc_pauses().len(), alloc.tier_stats()));
+            first = Some((
+                fm,
+                alloc.stats(),
+                alloc.device().counters(),
+                alloc.gc_pauses().len(),
+                alloc.tier_stats(),
+                alloc.policies().latency(),
+            ));
             swap(&mut alloc, s.to, &s.opts).map_err(|e| ReplayError::Swap { event: n, cause: e })?;
             alloc.reset_peaks();
             driver.mark();
@@ -241,7 +249,7 @@ where
     let wall = start.elapsed().as_secs_f64();
     let mut m = driver.metrics(&alloc);
     m.set_timing(wall);
-    let halves = first.map(|(f, stats0, dev0, pauses0, tiers0)| {
+    let halves = first.map(|(f, stats0, dev0, pauses0, tiers0, latency0)| {
         let mut sm = Metrics {
             events: m.events - f.events,
             allocs: m.allocs - f.allocs,
@@ -255,6 +263,7 @@ where
         let s = alloc.stats();
         let ts = alloc.tier_stats().minus(&tiers0);
         fill(&mut sm, &s.minus(&stats0), alloc.device(), &alloc.gc_pauses().since(pauses0), &ts);
+        sm.set_policy_latency(&alloc.policies().latency().since(&latency0));
         sm.offline_bound = m.offline_bound;
         sm.device_time_us = alloc.device().counters().time_us - dev0.time_us;
         sm.set_timing(wall - f.wall_seconds);

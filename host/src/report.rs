@@ -125,9 +125,16 @@ fn rows() -> Vec<Row> {
         ("peak_host_bytes", Unit::Bytes, |m| m.peak_host_bytes as f64),
         ("peak_disk_bytes", Unit::Bytes, |m| m.peak_disk_bytes as f64),
         ("moved_bytes", Unit::Bytes, |m| m.moved_bytes as f64),
+        ("plans", Unit::Count, |m| m.plans as f64),
+        ("plan_hits", Unit::Count, |m| m.plan_hits as f64),
+        ("plan_misses", Unit::Count, |m| m.plan_misses as f64),
+        ("plan_refused", Unit::Count, |m| m.plan_refused as f64),
+        ("plan_arena_bytes", Unit::Bytes, |m| m.plan_arena_bytes as f64),
         ("policy_calls", Unit::Count, |m| m.policy_calls as f64),
         ("policy_traps", Unit::Count, |m| m.policy_traps as f64),
         ("policy_fallbacks", Unit::Count, |m| m.policy_fallbacks as f64),
+        ("policy_call_p50_ns", Unit::Count, |m| m.policy_call_p50_ns as f64),
+        ("policy_call_p99_ns", Unit::Count, |m| m.policy_call_p99_ns as f64),
         ("events", Unit::Count, |m| m.events as f64),
         ("wall_seconds", Unit::Seconds, |m| m.wall_seconds),
         ("events_per_second", Unit::Rate, |m| m.events_per_second),
@@ -213,8 +220,8 @@ pub fn summary(trace: &str, policy: &str, m: &Metrics) -> String {
 fn summary_line(trace: &str, policy: &str, m: &Metrics) -> String {
     format!(
         "{trace} · {policy}: peak reserved {} for peak live {} (overhead {:.4}), peak allocated {}, \
-         {} device allocs / {} frees / {} syncs, {} OOMs, {} policy calls ({} traps, {} fallbacks), \
-         {} events in {:.3} s ({:.2} M events/s)",
+         {} device allocs / {} frees / {} syncs, {} OOMs, {} policy calls ({} traps, {} fallbacks; \
+         p50 {} ns, p99 {} ns), {} events in {:.3} s ({:.2} M events/s)",
         human_bytes(m.peak_reserved_bytes),
         human_bytes(m.peak_live_bytes),
         m.overhead_ratio,
@@ -226,6 +233,8 @@ fn summary_line(trace: &str, policy: &str, m: &Metrics) -> String {
         m.policy_calls,
         m.policy_traps,
         m.policy_fallbacks,
+        m.policy_call_p50_ns,
+        m.policy_call_p99_ns,
         m.events,
         m.wall_seconds,
         m.events_per_second / 1e6,

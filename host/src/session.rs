@@ -122,12 +122,14 @@ pub enum SessionError {
     #[error(transparent)]
     Workload(#[from] WorkloadError),
     /// The replay stopped.
-    #[error("replay of {workload} with {policy} failed: {cause}")]
+    #[error("replay of {workload} with {policy} failed: {}{cause}", at.as_ref().map(|a| format!("{a}: ")).unwrap_or_default())]
     Replay {
         /// The workload.
         workload: String,
         /// The primary's spec.
         policy: String,
+        /// `FILE:LINE` of the event that failed, for a trace file.
+        at: Option<String>,
         /// Why.
         cause: Box<ReplayError>,
     },
@@ -166,11 +168,11 @@ pub fn run(
     match opts.device {
         DeviceChoice::Sim { capacity } => {
             let dev = SimDevice::new(SimConfig { capacity, ..SimConfig::default() });
-            run_on(Allocator::new(dev, resolved.policies), workload, policy, opts, loader, progress)
+            run_on(Allocator::from_resolved(dev, resolved), workload, policy, opts, loader, progress)
         }
         DeviceChoice::Cuda { ordinal } => {
             let dev = CudaDevice::new(ordinal).map_err(SessionError::Device)?;
-            run_on(Allocator::new(dev, resolved.policies), workload, policy, opts, loader, progress)
+            run_on(Allocator::from_resolved(dev, resolved), workload, policy, opts, loader, progress)
         }
     }
 }
@@ -185,12 +187,12 @@ fn run_on<D: Device>(
 ) -> Result<ReplayOutcome, SessionError> {
     let shadow = match &opts.shadow {
         Some(q) => {
-            let p = resolve(q, loader).map_err(spec_err(q))?.policies;
-            if p.eviction.needs_future() {
+            let r = resolve(q, loader).map_err(spec_err(q))?;
+            if r.policies.eviction.needs_future() {
                 return Err(SessionError::ShadowNeedsFuture(q.clone()));
             }
             let dev = SimConfig { capacity: alloc.device().capacity(), ..SimConfig::default() };
-            let mut s = Shadow::new(q, p, dev);
+            let mut s = Shadow::from_resolved(q, r, dev);
             if let Some(t) = &opts.tiers {
                 s = s.with_tiers(t.clone());
             }
@@ -223,10 +225,19 @@ fn run_on<D: Device>(
         tiers: opts.tiers.clone(),
         ..ReplayConfig::default()
     };
-    let (mut r, halves) = replay_split(events, alloc, &cfg, progress, split).map_err(|cause| SessionError::Replay {
-        workload: workload.name().to_string(),
-        policy: policy.to_string(),
-        cause: Box::new(cause),
+    let (mut r, halves) = replay_split(events, alloc, &cfg, progress, split).map_err(|cause| {
+        // Errors found after parsing name the event: say where it is in the file.
+        let at = match &cause {
+            ReplayError::Drive(e) => workload.locate(e.event()),
+            ReplayError::Swap { event, .. } => workload.locate(*event),
+            ReplayError::Source(_) => None,
+        };
+        SessionError::Replay {
+            workload: workload.name().to_string(),
+            policy: policy.to_string(),
+            at,
+            cause: Box::new(cause),
+        }
     })?;
     if let (Some((at, _)), None) = (&opts.swap, &halves) {
         return Err(SessionError::SwapPastEnd {

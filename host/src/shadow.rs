@@ -115,6 +115,15 @@ impl Shadow {
         }
     }
 
+    /// A shadow deciding with the policies (and planner) of a resolved spec
+    /// (see [`Shadow::new`]).
+    pub fn from_resolved(label: &str, r: crate::spec::Resolved, device: SimConfig) -> Self {
+        let planner = r.planner;
+        let mut s = Shadow::new(label, r.policies, device);
+        s.alloc.set_planner(planner);
+        s
+    }
+
     /// Enables the host and disk tiers with the primary's configuration
     /// (bookkeeping only: the shadow's device holds no contents, so no byte
     /// is copied and no spill file written).
@@ -294,6 +303,7 @@ pub fn allocator_metrics<D: Device>(alloc: &Allocator<D>) -> Metrics {
     let mut m =
         Metrics { allocs: s.allocs, frees: s.frees, peak_live_bytes: s.bytes.peak_live_bytes, ..Metrics::default() };
     crate::metrics::fill(&mut m, &s, alloc.device(), alloc.gc_pauses(), &alloc.tier_stats());
+    m.set_policy_latency(&alloc.policies().latency());
     m.uses = s.uses;
     m
 }

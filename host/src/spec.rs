@@ -18,13 +18,20 @@
 //! role from `a`. Roles no part provides are filled by the built-in `pytorch`
 //! defaults and have no source ([`Resolved::sources`]).
 //!
+//! Parts that do not fit are warned about ([`resolve_with_warnings`]; [`resolve`]
+//! logs them): a reclamation part that comes with a placement of its own,
+//! whose pools the chosen placement does not have (its decisions would name
+//! pools that do not exist, and be refused); a reclamation part that asks
+//! for paged segments while every pool of the chosen placement releases its
+//! segments when empty (no free page is ever cached to stitch or trim).
+//!
 //! This module knows nothing of WebAssembly: [`Builtins`] resolves built-in
 //! names only; the policy runtime implements [`PartLoader`] for the rest.
 
 use std::sync::Arc;
 
 use crate::builtin::{self, LruEviction, PytorchPlacement, PytorchReclamation};
-use crate::decision::{EvictionPolicy, PlacementPolicy, Policies, ReclamationPolicy, Role};
+use crate::decision::{EvictionPolicy, PlacementPolicy, PlannerPolicy, Policies, PoolSpec, ReclamationPolicy, Role};
 
 /// Why a spec does not resolve.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +39,15 @@ pub enum SpecError {
     /// The spec names no part at all (empty, or only `+`).
     #[error("empty policy spec `{0}`")]
     Empty(String),
+    /// A built-in part was given a configuration (`pytorch?x=1`): built-ins
+    /// take none, and it would be dropped silently.
+    #[error("policy `{part}` is a built-in and takes no configuration (`?{config}` given)")]
+    BuiltinConfig {
+        /// The built-in name.
+        part: String,
+        /// The configuration given.
+        config: String,
+    },
     /// A part is not a built-in, and this loader loads nothing else.
     #[error(
         "unknown policy `{part}`: not a built-in ({builtins}), and this build of wasmem has no WebAssembly \
@@ -85,11 +101,16 @@ pub struct Part {
     pub reclamation: Option<Box<dyn ReclamationPolicy>>,
     /// Its eviction role, if it has one.
     pub eviction: Option<Box<dyn EvictionPolicy>>,
+    /// Its planner, if it has one (`wasmem:policy@0.3.0`).
+    pub planner: Option<Box<dyn PlannerPolicy>>,
 }
 
 impl Part {
     fn roles(&self) -> usize {
-        self.placement.is_some() as usize + self.reclamation.is_some() as usize + self.eviction.is_some() as usize
+        self.placement.is_some() as usize
+            + self.reclamation.is_some() as usize
+            + self.eviction.is_some() as usize
+            + self.planner.is_some() as usize
     }
 }
 
@@ -119,6 +140,11 @@ pub struct Resolved {
     pub spec: String,
     /// One policy per role, ready for [`crate::alloc::Allocator::new`].
     pub policies: Policies,
+    /// The planner, when a part provides one (planned placement; see
+    /// `alloc::planned`); `None`: no planned placement.
+    pub planner: Option<Box<dyn PlannerPolicy>>,
+    /// The part that provided the planner.
+    pub planner_source: Option<String>,
     /// Which part provided each role (indexed by [`Role::index`]; a
     /// built-in name or a component's name); `None`: the built-in default.
     pub sources: [Option<String>; 3],
@@ -136,6 +162,7 @@ impl std::fmt::Debug for Resolved {
         f.debug_struct("Resolved")
             .field("spec", &self.spec)
             .field("policies", &self.policies)
+            .field("planner", &self.planner.as_ref().map(|p| p.name().to_string()))
             .field("sources", &self.sources)
             .finish()
     }
@@ -159,31 +186,93 @@ fn offer<P: ?Sized>(slot: &mut Option<Choice<P>>, roles: usize, label: &str, pol
 }
 
 /// Resolves `spec` (see the module documentation), loading parts that are
-/// not built-in names with `loader`.
+/// not built-in names with `loader`; the parts that do not fit are logged
+/// as warnings.
 pub fn resolve(spec: &str, loader: &dyn PartLoader) -> Result<Resolved, SpecError> {
+    let (r, warnings) = resolve_with_warnings(spec, loader)?;
+    for w in &warnings {
+        tracing::warn!(spec = %r.spec, "{w}");
+    }
+    Ok(r)
+}
+
+/// The pools every engine has besides the active placement's: the fallback
+/// (`pytorch`) placement's.
+const FALLBACK_POOLS: [&str; 2] = ["small", "large"];
+
+/// Why the parts chosen for placement and reclamation may not fit, from
+/// their declared pools (see the module documentation). `part_pools` holds
+/// the placement pools of every part that has a placement, by label.
+fn fit_warnings(
+    placement: (&str, &[PoolSpec]),
+    reclamation: (&str, &dyn ReclamationPolicy),
+    part_pools: &[(String, Vec<PoolSpec>)],
+) -> Vec<String> {
+    let (pl, pools) = placement;
+    let (rl, rec) = reclamation;
+    let mut w = Vec::new();
+    if pl == rl {
+        return w;
+    }
+    let have = |n: &str| FALLBACK_POOLS.contains(&n) || pools.iter().any(|p| p.name == n);
+    if let Some((_, own)) = part_pools.iter().find(|(l, _)| l == rl) {
+        let missing: Vec<&str> = own.iter().map(|p| p.name.as_str()).filter(|n| !have(n)).collect();
+        if !missing.is_empty() {
+            w.push(format!(
+                "the reclamation part `{rl}` comes with a placement of its own whose pools [{}] the placement                  part `{pl}` does not have ([{}]): reclamation decisions that name them are refused and decided                  by the fallback",
+                missing.join(", "),
+                pools.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", ")
+            ));
+        }
+    }
+    if rec.paged_segments() && !pools.is_empty() && pools.iter().all(|p| p.release_when_empty) {
+        w.push(format!(
+            "the reclamation part `{rl}` asks for paged segments, but every pool of the placement part `{pl}`              releases its segments when they empty: no free page stays cached to stitch or trim"
+        ));
+    }
+    w
+}
+
+/// [`resolve`], returning the warnings about parts that do not fit instead
+/// of logging them.
+pub fn resolve_with_warnings(spec: &str, loader: &dyn PartLoader) -> Result<(Resolved, Vec<String>), SpecError> {
+    let mut part_pools: Vec<(String, Vec<PoolSpec>)> = Vec::new();
     let mut placement: Option<Choice<dyn PlacementPolicy>> = None;
     let mut reclamation: Option<Choice<dyn ReclamationPolicy>> = None;
     let mut eviction: Option<Choice<dyn EvictionPolicy>> = None;
+    let mut planner: Option<Choice<dyn PlannerPolicy>> = None;
     let mut parts = 0;
     for part in spec.split('+').map(str::trim).filter(|p| !p.is_empty()) {
         parts += 1;
         let (what, config) = part.split_once('?').unwrap_or((part, ""));
+        let builtin = builtin::eviction_by_name(what).is_some() || builtin::BUILTIN_NAMES.contains(&what);
+        if builtin && part.contains('?') {
+            return Err(SpecError::BuiltinConfig { part: what.to_string(), config: config.to_string() });
+        }
         if let Some(e) = builtin::eviction_by_name(what) {
             // An eviction-only built-in provides only its role.
             offer(&mut eviction, 1, what, Some(e));
             continue;
         }
         if let Some(p) = builtin::by_name(what) {
-            offer(&mut placement, 3, what, Some(p.placement));
-            offer(&mut reclamation, 3, what, Some(p.reclamation));
-            offer(&mut eviction, 3, what, Some(p.eviction));
+            part_pools.push((what.to_string(), p.placement.pools()));
+            let planned = builtin::planner_by_name(what);
+            let n = 3 + planned.is_some() as usize;
+            offer(&mut placement, n, what, Some(p.placement));
+            offer(&mut reclamation, n, what, Some(p.reclamation));
+            offer(&mut eviction, n, what, Some(p.eviction));
+            offer(&mut planner, n, what, planned);
             continue;
         }
         let loaded = loader.load_part(what, config)?;
+        if let Some(p) = &loaded.placement {
+            part_pools.push((loaded.label.clone(), p.pools()));
+        }
         let n = loaded.roles();
         offer(&mut placement, n, &loaded.label, loaded.placement);
         offer(&mut reclamation, n, &loaded.label, loaded.reclamation);
         offer(&mut eviction, n, &loaded.label, loaded.eviction);
+        offer(&mut planner, n, &loaded.label, loaded.planner);
     }
     if parts == 0 {
         return Err(SpecError::Empty(spec.to_string()));
@@ -199,7 +288,21 @@ pub fn resolve(spec: &str, loader: &dyn PartLoader) -> Result<Resolved, SpecErro
             .map_or_else(|| Box::new(PytorchReclamation) as Box<dyn ReclamationPolicy>, |c| c.policy),
         eviction: eviction.map_or_else(|| Box::new(LruEviction) as Box<dyn EvictionPolicy>, |c| c.policy),
     };
-    Ok(Resolved { spec: spec.trim().to_string(), policies, sources })
+    let label = |i: usize| sources[i].clone().unwrap_or_else(|| "pytorch".to_string());
+    let warnings = fit_warnings(
+        (&label(Role::Placement.index()), &policies.placement.pools()),
+        (&label(Role::Reclamation.index()), &*policies.reclamation),
+        &part_pools,
+    );
+    let planner_source = planner.as_ref().map(|c| c.label.clone());
+    let resolved = Resolved {
+        spec: spec.trim().to_string(),
+        policies,
+        planner: planner.map(|c| c.policy),
+        planner_source,
+        sources,
+    };
+    Ok((resolved, warnings))
 }
 
 #[cfg(test)]
@@ -220,10 +323,38 @@ mod tests {
     }
 
     #[test]
+    fn parts_that_do_not_fit_are_warned_about() {
+        // `naive` provides placement+reclamation+eviction: `pytorch+lifecycle` takes every
+        // role from `pytorch`; a reclamation part must provide fewer roles to be chosen.
+        let (_, w) = resolve_with_warnings("lifecycle", &Builtins).unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        let (_, w) = resolve_with_warnings("pytorch+defrag", &Builtins).unwrap();
+        assert!(w.is_empty(), "one part provides every role: {w:?}");
+        let lifecycle = builtin::by_name("lifecycle").unwrap();
+        let naive = builtin::by_name("naive").unwrap();
+        let defrag = builtin::by_name("defrag").unwrap();
+        let own = vec![("lifecycle".to_string(), lifecycle.placement.pools())];
+        let w = fit_warnings(("pytorch", &PytorchPlacement.pools()), ("lifecycle", &*lifecycle.reclamation), &own);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("`lifecycle`") && w[0].contains("persistent") && w[0].contains("[small, large]"),
+            "{w:?}"
+        );
+        let w = fit_warnings(("naive", &naive.placement.pools()), ("defrag", &*defrag.reclamation), &[]);
+        assert!(w.len() == 1 && w[0].contains("paged segments"), "{w:?}");
+        let w = fit_warnings(("defrag", &defrag.placement.pools()), ("defrag", &*defrag.reclamation), &[]);
+        assert!(w.is_empty(), "a part fits itself: {w:?}");
+    }
+
+    #[test]
     fn other_parts_need_a_loader() {
         let e = resolve("pytorch-like", &Builtins).unwrap_err();
         assert!(matches!(e, SpecError::NotBuiltin { .. }), "{e:?}");
         assert!(e.to_string().contains("pytorch-like") && e.to_string().contains("naive"), "{e}");
         assert!(matches!(resolve(" + ", &Builtins), Err(SpecError::Empty(_))));
+        assert!(matches!(resolve("", &Builtins), Err(SpecError::Empty(_))));
+        let e = resolve("pytorch?x=1", &Builtins).unwrap_err();
+        assert!(matches!(e, SpecError::BuiltinConfig { .. }) && e.to_string().contains("?x=1"), "{e}");
+        assert!(matches!(resolve("lru?", &Builtins), Err(SpecError::BuiltinConfig { .. })));
     }
 }

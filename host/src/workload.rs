@@ -12,9 +12,12 @@
 //! computed once at open, and again only when the file's size or
 //! modification time changed since.
 
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
+
+use flate2::bufread::MultiGzDecoder;
 
 use crate::model::{ModelError, ModelOverrides};
 use crate::synth::synth;
@@ -116,6 +119,7 @@ impl Workload {
         let cache = opts.cache.clone();
         let read_ahead = opts.read_ahead;
         match source {
+            Source::File(p) if p.as_os_str() == "-" => Self::from_stdin(),
             Source::File(p) if is_snapshot(p) => {
                 let snap = snapshot::import_file(p, &snapshot::ImportOptions::default())?;
                 Ok(Workload {
@@ -161,6 +165,36 @@ impl Workload {
         }
     }
 
+    /// Standard input (`-`): a trace v1 (plain or gzip-compressed) or a
+    /// PyTorch snapshot pickle, told apart by their first bytes; read once
+    /// and kept in memory, since every run replays it.
+    fn from_stdin() -> Result<Workload, WorkloadError> {
+        const NAME: &str = "<stdin>";
+        let mut bytes = Vec::new();
+        std::io::stdin().lock().read_to_end(&mut bytes).map_err(|e| WorkloadError::Trace {
+            path: PathBuf::from("-"),
+            cause: TraceError::new(NAME, 0, TraceErrorKind::Read(e)),
+        })?;
+        // Pickles of protocol 2 and later start with PROTO (0x80).
+        if bytes.first() == Some(&0x80) {
+            let snap = snapshot::import_bytes(&bytes, NAME, &snapshot::ImportOptions::default())?;
+            return Ok(Workload {
+                name: NAME.into(),
+                kind: Kind::Events(Arc::new(snap.events)),
+                pytorch: Some(snap.info),
+                read_ahead: false,
+            });
+        }
+        let input: Box<dyn BufRead + Send> = if bytes.starts_with(&[0x1f, 0x8b]) {
+            Box::new(BufReader::new(MultiGzDecoder::new(std::io::Cursor::new(bytes))))
+        } else {
+            Box::new(std::io::Cursor::new(bytes))
+        };
+        let trace = |cause| WorkloadError::Trace { path: PathBuf::from("-"), cause };
+        let events = TraceReader::new(input, NAME).map_err(trace)?.collect::<Result<Vec<_>, _>>().map_err(trace)?;
+        Ok(Workload { name: NAME.into(), kind: Kind::Events(Arc::new(events)), pytorch: None, read_ahead: false })
+    }
+
     /// A workload of the events `events`, named `name`.
     pub fn from_events(name: &str, events: Vec<Event>) -> Workload {
         Workload { name: name.to_string(), kind: Kind::Events(Arc::new(events)), pytorch: None, read_ahead: false }
@@ -174,6 +208,18 @@ impl Workload {
     /// PyTorch's own figures, for a snapshot.
     pub fn pytorch(&self) -> Option<&SnapshotInfo> {
         self.pytorch.as_ref()
+    }
+
+    /// Where event `index` (0-based) comes from, as `FILE:LINE`, for a trace
+    /// file (it is read again up to that event; `None` for other workloads
+    /// or when the file changed).
+    pub fn locate(&self, index: u64) -> Option<String> {
+        let Kind::Trace(p, _) = &self.kind else { return None };
+        let mut r = TraceReader::open(p).ok()?;
+        for _ in 0..=index {
+            r.next()?.ok()?;
+        }
+        Some(format!("{}:{}", p.display(), r.line()))
     }
 
     /// The events, from the start. Trace files are read on a second thread

@@ -96,6 +96,7 @@ fn policies(name: &str) -> Policies {
 fn run(name: &str, actions: Vec<Action>) {
     let dev = SimDevice::new(SimConfig { capacity: 96 * MIB, host_backed: true, ..SimConfig::default() });
     let mut a = Allocator::new(dev, policies(name));
+    a.set_planner(builtin::planner_by_name(name));
     let mut live: Vec<Live> = Vec::new();
     let mut freed: Vec<TensorId> = Vec::new();
     let mut seed = 0u64;
@@ -170,6 +171,9 @@ proptest! {
 
     #[test]
     fn lifecycle(actions in prop::collection::vec(action(&mix()), 1..300)) { run("lifecycle", actions) }
+
+    #[test]
+    fn planned(actions in prop::collection::vec(action(&mix()), 1..300)) { run("planned", actions) }
 
     #[test]
     fn faulty_policies(actions in prop::collection::vec(action(&mix()), 1..300)) { run("chaos", actions) }

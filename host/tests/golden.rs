@@ -100,8 +100,7 @@ fn replays_are_deterministic() {
             let mut a = run(&t, p);
             let mut b = run(&t, p);
             for m in [&mut a, &mut b] {
-                m.wall_seconds = 0.0;
-                m.events_per_second = 0.0;
+                m.clear_timing();
             }
             assert_eq!(a, b, "{p} on {}", t.display());
         }

@@ -59,8 +59,7 @@ fn run(rt: &Runtime, spec: &str, events: &[Event]) -> Metrics {
     let r = replay(events.iter().cloned().map(Ok::<_, String>), p, &ReplayConfig::default()).expect("replay");
     r.allocator.check_invariants().unwrap_or_else(|e| panic!("{spec}: {e}"));
     let mut m = r.metrics;
-    m.wall_seconds = 0.0;
-    m.events_per_second = 0.0;
+    m.clear_timing();
     m
 }
 
@@ -104,8 +103,7 @@ fn wasm_pytorch_like_equals_native_pytorch() {
         let p = builtin::by_name("pytorch").expect("built-in");
         let mut native =
             replay(events.iter().cloned().map(Ok::<_, String>), p, &ReplayConfig::default()).expect("replay").metrics;
-        native.wall_seconds = 0.0;
-        native.events_per_second = 0.0;
+        native.clear_timing();
         // Only the policy-boundary counters differ: the WASM policy is memoized.
         let mut w = wasm.clone();
         w.policy_calls = native.policy_calls;

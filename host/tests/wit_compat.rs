@@ -160,8 +160,7 @@ fn replay_metrics(spec: &str) -> (Metrics, u64) {
     r.allocator.check_invariants().unwrap_or_else(|e| panic!("{spec}: {e}"));
     let moved = r.allocator.stats().moved_bytes;
     let mut m = r.metrics;
-    m.wall_seconds = 0.0;
-    m.events_per_second = 0.0;
+    m.clear_timing();
     (m, moved)
 }
 

@@ -5,8 +5,12 @@
 //
 // WIT-FOLDER defaults to the repository's wit/ (the newest WIT version);
 // build.sh passes wit/compat/v0.1.0 for policies that stay on 0.1.0.
-// WASI features are disabled, so the component imports only what its world
-// imports from wasmem:policy (no WASI at all).
+// Every WASI feature but `stdio` is disabled: the component imports what its
+// world imports from wasmem:policy plus wasi:cli's stdout/stderr (and the
+// wasi:io streams behind them), which the engine serves with a bounded
+// in-memory buffer. StarlingMonkey prints an uncaught exception's message and
+// stack there before it traps, so the engine's error names the exception
+// (without stdio the trap is a bare `unreachable`).
 import { writeFile } from 'node:fs/promises';
 import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -22,7 +26,7 @@ const { component } = await componentize({
   sourcePath: resolve(source),
   witPath: witFolder ? resolve(witFolder) : resolve(here, '../../wit'),
   worldName,
-  disableFeatures: ['random', 'stdio', 'clocks', 'http', 'fetch-event'],
+  disableFeatures: ['random', 'clocks', 'http', 'fetch-event'],
 });
 await writeFile(out, component);
 console.log(`${out}: ${component.length} bytes`);

@@ -5,7 +5,7 @@
 
 use wasmem::alloc::swap::{swap, SwapError, SwapOptions, SwapReport};
 use wasmem::alloc::{Allocator, Stats};
-use wasmem::decision::Policies;
+use wasmem::decision::{PlannerPolicy, Policies};
 use wasmem::device::cuda::CudaDevice;
 use wasmem::device::sim::SimDevice;
 use wasmem::device::{Device, DeviceError, DevicePtr};
@@ -67,15 +67,26 @@ impl<D: Device> Engine for Driven<D> {
     }
 }
 
-fn driven<D: Device + 'static>(device: D, policies: Policies) -> Box<dyn Engine> {
-    Box::new(Driven { alloc: Allocator::new(device, policies), driver: Driver::new(OnOom::Error) })
+fn driven<D: Device + 'static>(
+    device: D,
+    policies: Policies,
+    planner: Option<Box<dyn PlannerPolicy>>,
+) -> Box<dyn Engine> {
+    let mut alloc = Allocator::new(device, policies);
+    alloc.set_planner(planner);
+    Box::new(Driven { alloc, driver: Driver::new(OnOom::Error) })
 }
 
 /// Opens `backend` (device `ordinal` on CUDA; the ordinal is ignored by
-/// `sim`) under `policies`.
-pub fn open(backend: Backend, ordinal: usize, policies: Policies) -> Result<Box<dyn Engine>, DeviceError> {
+/// `sim`) under `policies` and `planner`.
+pub fn open(
+    backend: Backend,
+    ordinal: usize,
+    policies: Policies,
+    planner: Option<Box<dyn PlannerPolicy>>,
+) -> Result<Box<dyn Engine>, DeviceError> {
     Ok(match backend {
-        Backend::Cuda => driven(CudaDevice::new(ordinal)?, policies),
-        Backend::Sim { capacity } => driven(SimDevice::with_capacity(capacity), policies),
+        Backend::Cuda => driven(CudaDevice::new(ordinal)?, policies, planner),
+        Backend::Sim { capacity } => driven(SimDevice::with_capacity(capacity), policies, planner),
     })
 }

@@ -19,7 +19,7 @@ use rustc_hash::FxHashMap;
 use serde_json::{json, Value};
 use wasmem::alloc::AllocError;
 use wasmem::builtin;
-use wasmem::decision::{Policies, Role};
+use wasmem::decision::{PlannerPolicy, Policies, Role};
 use wasmem::driver::DriveError;
 use wasmem::spec::{Resolved, SpecError};
 use wasmem::trace::{Event, TraceHeader};
@@ -86,6 +86,8 @@ pub struct State {
     open_error: Option<String>,
     /// Policies for the engine, until it opens.
     pending: Option<Policies>,
+    /// The planner for the engine, until it opens.
+    pending_planner: Option<Box<dyn PlannerPolicy>>,
     live: FxHashMap<u64, Live>,
     streams: FxHashMap<usize, StreamId>,
     trace: Option<Vec<Event>>,
@@ -107,9 +109,9 @@ impl State {
     /// A state for `config`: resolves its policy spec now (the device is
     /// opened at the first allocation).
     pub fn new(config: Config) -> Result<State, PolicyConfigError> {
-        let policies = resolve_spec(&config.policy)
-            .map_err(|cause| PolicyConfigError { spec: config.policy.clone(), cause })?
-            .policies;
+        let resolved =
+            resolve_spec(&config.policy).map_err(|cause| PolicyConfigError { spec: config.policy.clone(), cause })?;
+        let (policies, planner) = (resolved.policies, resolved.planner);
         Ok(State {
             policy: config.policy.clone(),
             trace: config.trace_out.as_ref().map(|_| Vec::new()),
@@ -118,6 +120,7 @@ impl State {
             ordinal: None,
             open_error: None,
             pending: Some(policies),
+            pending_planner: planner,
             live: FxHashMap::default(),
             streams: FxHashMap::default(),
             next_trace_id: 1,
@@ -146,7 +149,8 @@ impl State {
                 let ordinal = usize::try_from(device)
                     .map_err(|_| Failure::new(Cause::WrongDevice, format!("invalid device index {device}")))?;
                 let policies = self.pending.take().unwrap_or_else(builtin::default_policies);
-                match engine::open(self.config.backend, ordinal, policies) {
+                let planner = self.pending_planner.take();
+                match engine::open(self.config.backend, ordinal, policies, planner) {
                     Ok(e) => {
                         tracing::info!(
                             "wasmem: serving {} device {device} ({} bytes) with policy `{}`",
@@ -263,6 +267,9 @@ impl State {
             }
             None => {
                 let provided = new.provided();
+                if new.planner.is_some() {
+                    self.pending_planner = new.planner;
+                }
                 let p = self.pending.get_or_insert_with(builtin::default_policies);
                 let Policies { placement, reclamation, eviction } = new.policies;
                 if provided.contains(&Role::Placement) {

@@ -78,10 +78,18 @@ impl Arena {
                     if prev_free {
                         return bad(format!("blocks {prev} and {b} are neighbours and both free"));
                     }
-                    if !p.free.contains(&key) {
+                    if p.planned {
+                        // Arena blocks are in their arena's free map (checked by
+                        // `check_planning`), never in a free index.
+                        if p.free.contains(&key) {
+                            return bad(format!("arena block {b} is in a free index"));
+                        }
+                    } else if !p.free.contains(&key) {
                         return bad(format!("free block {b} is missing from pool {}'s index", p.name));
                     }
-                    free_count[pool] += 1;
+                    if !p.planned {
+                        free_count[pool] += 1;
+                    }
                 } else if blk.tensor == PENDING {
                     if p.free.contains(&key) {
                         return bad(format!("pending block {b} is in pool {}'s free index", p.name));

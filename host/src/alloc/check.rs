@@ -68,7 +68,8 @@ impl<D: Device> Allocator<D> {
         // The other parts.
         self.check_pending().map_err(bad)?;
         self.check_tiers().map_err(bad)?;
-        self.paging.check(&self.arena.segments, self.device.granularity()).map_err(bad)
+        self.paging.check(&self.arena.segments, self.device.granularity()).map_err(bad)?;
+        self.check_planning()
     }
 }
 

@@ -53,6 +53,11 @@ impl<D: Device> Allocator<D> {
     pub fn compact(&mut self, pool: &str, byte_budget: u64) -> Result<u64, AllocError> {
         let p =
             self.arena.pools.iter().position(|x| x.name == pool).ok_or_else(|| AllocError::UnknownPool(pool.into()))?;
+        if self.arena.pools[p].planned || self.stable_addresses {
+            // Planned arenas keep their blocks where the plan put them;
+            // stable addresses never move.
+            return Ok(0);
+        }
         let p = p as u32;
         let mut streams: Vec<StreamId> =
             self.arena.segments.iter().filter(|(_, s)| s.pool == p).map(|(_, s)| s.stream).collect();

@@ -9,7 +9,8 @@
 //!  ── the device is full ──
 //!  4. drain deferred frees  wait for the streams, so that every pending free completes
 //!  5. reclaim (AllocFailed) unless releasing everything cached could not make room; may stitch
-//!  6. new segment           again; otherwise out of memory, unless the tiers are enabled:
+//!  6. new segment           again, idle planned arenas given back first; otherwise out of
+//!                           memory, unless the tiers are enabled:
 //!  7. compact               once: move live blocks into denser segments; a cached block may fit
 //!  8. evict                 the eviction policy's victims leave one at a time until a cached block
 //!                           fits or the segment can be obtained; free pages are released; then 1.
@@ -116,7 +117,8 @@ impl<D: Device> Allocator<D> {
                 }
             }
         }
-        // 6. A new segment again.
+        // 6. A new segment again, after giving back idle planned arenas.
+        self.release_idle_arenas()?;
         match self.new_segment(g.pool, segment, page, &req) {
             Err(AllocError::Device(DeviceError::OutOfMemory { .. })) => Err(AllocError::OutOfMemory {
                 bytes: req.bytes,
@@ -177,7 +179,7 @@ impl<D: Device> Allocator<D> {
     /// bytes moved.
     fn compact_all(&mut self) -> Result<u64, AllocError> {
         let names: Vec<String> =
-            self.arena.pools.iter().filter(|p| p.cached_bytes() > 0).map(|p| p.name.clone()).collect();
+            self.arena.pools.iter().filter(|p| p.cached_bytes() > 0 && !p.planned).map(|p| p.name.clone()).collect();
         let mut moved = 0;
         for n in names {
             moved += self.compact(&n, u64::MAX)?;

@@ -42,7 +42,9 @@ mod deferred;
 mod free_index;
 mod grow;
 mod handles;
+mod latency;
 mod paged;
+mod planned;
 mod policies;
 mod pool;
 pub mod shared;
@@ -53,7 +55,8 @@ mod tiering;
 
 pub use deferred::PendingView;
 pub use handles::Tensor;
-pub use policies::{NoDecision, PolicySet, RoleHealth};
+pub use latency::LatencyHistogram;
+pub use policies::{NoDecision, PolicySet, RoleHealth, SAMPLE_EVERY};
 pub use pool::Pool;
 pub use shared::SharedAllocator;
 pub use slab::{Block, Segment, NIL};
@@ -239,6 +242,11 @@ pub struct Allocator<D: Device> {
     paging: Paging,
     /// Host and disk tiers, when enabled (`tiering`).
     tiers: Option<Box<TierState>>,
+    /// Planned placement, when a planner is installed (`planned`).
+    planning: Option<Box<planned::Planning>>,
+    /// Tensors never move: their addresses are held outside the engine
+    /// (the C ABI, PyTorch). Compaction and arena installs then copy nothing.
+    stable_addresses: bool,
     /// The active policies, the fallback, memo and health (`policies`).
     policies: PolicySet,
     stats: Stats,
@@ -267,6 +275,8 @@ impl<D: Device> Allocator<D> {
             deferred: Deferred::default(),
             paging: Paging::default(),
             tiers: None,
+            planning: None,
+            stable_addresses: false,
             policies: PolicySet::new(policies, fallback),
             stats: Stats::default(),
             gc_pauses: PauseHistogram::default(),
@@ -282,9 +292,20 @@ impl<D: Device> Allocator<D> {
         a
     }
 
-    /// An allocator over `device` with the built-in policy set `name`.
+    /// An allocator over `device` with the built-in policy set `name` (and
+    /// its planner, for `planned`).
     pub fn with_builtin(device: D, name: &str) -> Option<Self> {
-        crate::builtin::by_name(name).map(|p| Self::new(device, p))
+        let mut a = crate::builtin::by_name(name).map(|p| Self::new(device, p))?;
+        a.set_planner(crate::builtin::planner_by_name(name));
+        Some(a)
+    }
+
+    /// An allocator over `device` driven by a resolved spec: its policies,
+    /// and its planner when it has one.
+    pub fn from_resolved(device: D, r: crate::spec::Resolved) -> Self {
+        let mut a = Self::new(device, r.policies);
+        a.set_planner(r.planner);
+        a
     }
 
     fn register_pools(&mut self, specs: &[crate::decision::PoolSpec]) -> Vec<u32> {
@@ -342,6 +363,13 @@ impl<D: Device> Allocator<D> {
     /// The device, mutably (for backend-specific controls such as sim time).
     pub fn device_mut(&mut self) -> &mut D {
         &mut self.device
+    }
+
+    /// Declares that tensors must never move (their addresses are held
+    /// outside the engine, as through the C ABI): compaction moves nothing
+    /// and a planned arena is installed without moving live tensors into it.
+    pub fn set_stable_addresses(&mut self, on: bool) {
+        self.stable_addresses = on;
     }
 
     /// Starts or stops recording [`Action`]s.
@@ -434,7 +462,14 @@ impl<D: Device> Allocator<D> {
             self.poll_pending()?;
         }
         let req = AllocRequest { bytes, kind, stream };
-        let (block, pool) = self.place_block(&req)?;
+        let (block, pool) = match self.planned_block(&req)? {
+            Some(b) => b,
+            None => match self.place_block(&req) {
+                // Free space in a planned arena is the last resort.
+                Err(e @ AllocError::OutOfMemory { .. }) => self.arena_fallback(&req).ok_or(e)?,
+                placed => placed?,
+            },
+        };
         self.clock += 1;
         let pool = pool as usize;
         let b = *self.arena.blocks.get(block);
@@ -463,6 +498,7 @@ impl<D: Device> Allocator<D> {
             let addr = self.arena.segments.get(b.segment).base + b.offset;
             self.record(ActionKind::Alloc, addr, bytes, stream, Some(kind));
         }
+        self.plan_record_alloc(id, bytes, kind, stream);
         Ok(id)
     }
 
@@ -531,6 +567,7 @@ impl<D: Device> Allocator<D> {
     pub fn free(&mut self, id: TensorId) -> Result<(), AllocError> {
         let t = self.tensors.remove(id).ok_or(AllocError::UnknownTensor(id))?;
         self.clock += 1;
+        self.plan_record_free(id);
         if t.tier != Tier::Device {
             self.free_offloaded(id);
             return Ok(());
@@ -603,6 +640,12 @@ impl<D: Device> Allocator<D> {
             }
         }
         let b = *self.arena.blocks.get(blk);
+        if self.arena.pools[pool].planned {
+            // An arena block: its arena's free map, never a free index.
+            let stale = stale.map(|k| k.map(|k| k.2 - seg.base));
+            self.arena_block_freed(seg_idx, blk, stale);
+            return Ok(());
+        }
         let release = self.arena.pools[pool].release_when_empty && b.size == seg.size;
         let free = &mut self.arena.pools[pool].free;
         if release {
@@ -657,6 +700,9 @@ impl<D: Device> Allocator<D> {
         let old = self.phase.replace(phase);
         self.step = step;
         self.run_reclaim(&ReclaimTrigger::Phase { phase, step })?;
+        if phase == Phase::StepEnd {
+            self.plan_step_end(step)?;
+        }
         let live = self.stats.bytes.live_bytes;
         if let Some(growth) = self.tiers.as_deref_mut().and_then(|t| t.phase_boundary(old, Some(phase), live)) {
             self.prefetch(growth)?;
@@ -730,7 +776,10 @@ impl<D: Device> Allocator<D> {
             .iter()
             .filter(|(_, s)| {
                 let b = self.arena.blocks.get(s.first);
-                b.is_free() && b.size == s.size && self.pool_selected(s.pool, names)
+                b.is_free()
+                    && b.size == s.size
+                    && !self.arena.pools[s.pool as usize].planned
+                    && self.pool_selected(s.pool, names)
             })
             .map(|(i, _)| i)
             .collect()

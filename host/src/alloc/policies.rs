@@ -15,7 +15,11 @@
 //! fallback that cannot place a request fails that request with
 //! [`NoDecision`] instead of corrupting the allocator.
 
+use std::time::Instant;
+
 use rustc_hash::FxHashMap;
+
+use super::latency::LatencyHistogram;
 
 use crate::decision::{
     validate_victims, AllocRequest, EvictionCandidate, EvictionPolicy, PlacementDecision, PlacementPolicy, Policies,
@@ -23,10 +27,12 @@ use crate::decision::{
 };
 use crate::types::{Phase, TensorId};
 
-/// Failure accounting of one role.
+/// Failure accounting and call cost of one role.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RoleHealth {
-    /// Calls into the policy.
+    /// Calls into the role's active policy (the one a spec named, or the
+    /// built-in default filling a role the spec does not provide); memo hits
+    /// and calls decided by the fallback are not calls.
     pub calls: u64,
     /// Calls that trapped or hit a limit.
     pub traps: u64,
@@ -38,20 +44,24 @@ pub struct RoleHealth {
     pub disabled: bool,
     /// The last failure, for reports.
     pub last_error: Option<String>,
+    /// Durations of the calls (wall-clock; every call of a policy that
+    /// [times every call](crate::decision::PlacementPolicy::time_every_call),
+    /// else one in [`SAMPLE_EVERY`] counted for the others).
+    pub latency: LatencyHistogram,
     logged: Vec<std::mem::Discriminant<PolicyError>>,
 }
 
 impl RoleHealth {
     /// A new policy takes the role: its failure streak, disabling and log
     /// memory start over; the counters keep counting (they are the role's).
-    fn fresh_policy(&mut self) {
+    pub(crate) fn fresh_policy(&mut self) {
         self.consecutive_failures = 0;
         self.disabled = false;
         self.last_error = None;
         self.logged.clear();
     }
 
-    fn record(&mut self, role: Role, policy: &str, err: &PolicyError, max: u32) {
+    pub(crate) fn record(&mut self, role: impl std::fmt::Display, policy: &str, err: &PolicyError, max: u32) {
         if matches!(
             err,
             PolicyError::Trap(_) | PolicyError::OutOfFuel | PolicyError::Deadline | PolicyError::MemoryLimit
@@ -77,6 +87,9 @@ impl RoleHealth {
         }
     }
 }
+
+/// A native policy's call is timed once in this many calls.
+pub const SAMPLE_EVERY: u64 = 64;
 
 /// The fallback policy of a role gave no valid decision either: the request
 /// fails (nothing changed).
@@ -118,20 +131,26 @@ pub struct PolicySet {
     memo: FxHashMap<u64, PlacementDecision>,
     /// Health per role, indexed by [`Role::index`].
     health: [RoleHealth; 3],
+    /// Per role: time every call (the active policy asks for it).
+    time_all: [bool; 3],
     /// Consecutive failures before a role's policy is disabled (0: never).
     pub max_consecutive_failures: u32,
 }
 
 /// The decision skeleton shared by every role: ask `policy` through `call`
 /// unless the role is disabled, and record the outcome in `health`. `None`:
-/// the fallback decides (the failure is already counted).
+/// the fallback decides (the failure is already counted). The call is
+/// timed when `time_all`, else once in [`SAMPLE_EVERY`] calls (weighted),
+/// out of line: the untimed path adds one counter test.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn consult<P: ?Sized, T>(
     policy: &mut P,
     name: impl FnOnce(&P) -> &str,
     health: &mut RoleHealth,
     role: Role,
     max: u32,
+    time_all: bool,
     call: impl FnOnce(&mut P) -> Result<T, PolicyError>,
 ) -> Option<T> {
     if health.disabled {
@@ -139,7 +158,43 @@ fn consult<P: ?Sized, T>(
         return None;
     }
     health.calls += 1;
-    match call(policy) {
+    if time_all || health.calls % SAMPLE_EVERY == 1 {
+        return consult_timed(policy, name, health, role, max, time_all, call);
+    }
+    let r = call(policy);
+    settle(policy, name, health, role, max, r)
+}
+
+/// [`consult`]'s timed call.
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn consult_timed<P: ?Sized, T>(
+    policy: &mut P,
+    name: impl FnOnce(&P) -> &str,
+    health: &mut RoleHealth,
+    role: Role,
+    max: u32,
+    time_all: bool,
+    call: impl FnOnce(&mut P) -> Result<T, PolicyError>,
+) -> Option<T> {
+    let start = Instant::now();
+    let r = call(policy);
+    health.latency.record_duration(start.elapsed(), if time_all { 1 } else { SAMPLE_EVERY });
+    settle(policy, name, health, role, max, r)
+}
+
+/// Records the outcome of a call in `health`.
+#[inline(always)]
+fn settle<P: ?Sized, T>(
+    policy: &P,
+    name: impl FnOnce(&P) -> &str,
+    health: &mut RoleHealth,
+    role: Role,
+    max: u32,
+    r: Result<T, PolicyError>,
+) -> Option<T> {
+    match r {
         Ok(v) => {
             health.consecutive_failures = 0;
             Some(v)
@@ -184,6 +239,11 @@ impl PolicySet {
     /// filled by the allocator ([`crate::alloc::Allocator`] registers pools).
     pub(crate) fn new(active: Policies, fallback: Policies) -> Self {
         let memoize = active.placement.memoizable();
+        let time_all = [
+            active.placement.time_every_call(),
+            active.reclamation.time_every_call(),
+            active.eviction.time_every_call(),
+        ];
         PolicySet {
             active,
             fallback,
@@ -192,6 +252,7 @@ impl PolicySet {
             memoize,
             memo: FxHashMap::default(),
             health: Default::default(),
+            time_all,
             max_consecutive_failures: 8,
         }
     }
@@ -222,18 +283,21 @@ impl PolicySet {
         self.memoize = p.memoizable();
         self.memo.clear();
         self.health[Role::Placement.index()].fresh_policy();
+        self.time_all[Role::Placement.index()] = p.time_every_call();
         std::mem::replace(&mut self.active.placement, p)
     }
 
     /// Installs a reclamation policy; returns the one it replaces.
     pub(crate) fn set_reclamation(&mut self, p: Box<dyn ReclamationPolicy>) -> Box<dyn ReclamationPolicy> {
         self.health[Role::Reclamation.index()].fresh_policy();
+        self.time_all[Role::Reclamation.index()] = p.time_every_call();
         std::mem::replace(&mut self.active.reclamation, p)
     }
 
     /// Installs an eviction policy; returns the one it replaces.
     pub(crate) fn set_eviction(&mut self, p: Box<dyn EvictionPolicy>) -> Box<dyn EvictionPolicy> {
         self.health[Role::Eviction.index()].fresh_policy();
+        self.time_all[Role::Eviction.index()] = p.time_every_call();
         std::mem::replace(&mut self.active.eviction, p)
     }
 
@@ -272,6 +336,7 @@ impl PolicySet {
             h,
             Role::Placement,
             max,
+            self.time_all[Role::Placement.index()],
             |p| {
                 let d = p.place(req, ctx)?;
                 let (rounded, segment) = d.validate(req, pools)?;
@@ -324,6 +389,7 @@ impl PolicySet {
             h,
             Role::Reclamation,
             max,
+            self.time_all[Role::Reclamation.index()],
             |p| {
                 let d = p.reclaim(trigger, ctx)?;
                 validate_reclaim(&d, &pool_allocated)?;
@@ -360,6 +426,7 @@ impl PolicySet {
             h,
             Role::Eviction,
             max,
+            self.time_all[Role::Eviction.index()],
             |p| {
                 let v = p.choose_victims(need_bytes, candidates, ctx)?;
                 let covered = validate_victims(candidates, &v)?;
@@ -402,6 +469,16 @@ impl PolicySet {
     /// Whether the eviction policy in charge reads the workload's future.
     pub(crate) fn eviction_needs_future(&self) -> bool {
         self.active.eviction.needs_future()
+    }
+
+    /// Durations of the calls into the active policies of every role
+    /// (see [`RoleHealth::latency`]).
+    pub fn latency(&self) -> LatencyHistogram {
+        let mut h = LatencyHistogram::default();
+        for r in &self.health {
+            h.add(&r.latency);
+        }
+        h
     }
 
     /// Totals over the roles: (calls, traps, fallbacks).

@@ -21,12 +21,22 @@ pub struct Pool {
     pub free: FreeIndex,
     /// Byte gauges of this pool.
     pub gauges: Gauges,
+    /// The pool of planned arenas: its free blocks are not in `free` (only
+    /// planned requests, at their offsets, take them), and reclamation,
+    /// stitching and compaction leave it alone.
+    pub planned: bool,
 }
 
 impl Pool {
     /// An empty pool.
     pub fn new(name: &str, release_when_empty: bool) -> Self {
-        Pool { name: name.to_string(), release_when_empty, free: FreeIndex::default(), gauges: Gauges::default() }
+        Pool {
+            name: name.to_string(),
+            release_when_empty,
+            free: FreeIndex::default(),
+            gauges: Gauges::default(),
+            planned: false,
+        }
     }
 
     /// The smallest free block on `stream` of at least `size` bytes and at

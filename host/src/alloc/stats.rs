@@ -94,6 +94,11 @@ impl Stats {
             stitches: self.stitches - earlier.stitches,
             stitched_bytes: self.stitched_bytes - earlier.stitched_bytes,
             trimmed_bytes: self.trimmed_bytes - earlier.trimmed_bytes,
+            plans: self.plans - earlier.plans,
+            plan_hits: self.plan_hits - earlier.plan_hits,
+            plan_misses: self.plan_misses - earlier.plan_misses,
+            plan_refused: self.plan_refused - earlier.plan_refused,
+            plan_arena_bytes: self.plan_arena_bytes,
         }
     }
 }
@@ -157,6 +162,17 @@ pub struct Stats {
     pub stitched_bytes: u64,
     /// Bytes of free pages released from inside partly used paged segments.
     pub trimmed_bytes: u64,
+    /// Plans accepted from the planner (see `alloc::planned`).
+    pub plans: u64,
+    /// Requests served at their planned offset.
+    pub plan_hits: u64,
+    /// Requests of a planned step that were not (no planned entry matched,
+    /// or the planned range was occupied: a deviation).
+    pub plan_misses: u64,
+    /// Plans refused (invalid, the planner failed, or no arena could be had).
+    pub plan_refused: u64,
+    /// Gauge: bytes of the planned arena(s) held.
+    pub plan_arena_bytes: u64,
 }
 
 /// Durations of "GC pauses": releases of cached memory, each measured as the

@@ -19,12 +19,16 @@
 //!   placement memo is cleared and each swapped role's failure streak
 //!   starts over; counters and peaks are not touched (a caller measuring
 //!   both sides of a swap calls `Allocator::reset_peaks` itself);
+//! - **planner**: a spec with a planner (`planned`) replaces the planner too
+//!   when no roles are named; its stored plans start over;
 //! - **atomicity**: every role is replaced in one call on `&mut Allocator`,
 //!   so under [`super::SharedAllocator`] no decision sees half a swap.
 //!
 //! [`PolicyState`]: crate::decision::PolicyState
 
-use crate::decision::{EvictionPolicy, PlacementPolicy, PolicyError, ReclamationPolicy, Role, StateHandle};
+use crate::decision::{
+    EvictionPolicy, PlacementPolicy, PlannerPolicy, PolicyError, ReclamationPolicy, Role, StateHandle,
+};
 use crate::device::Device;
 use crate::spec::Resolved;
 
@@ -104,6 +108,7 @@ pub struct Retired {
     placement: Option<Box<dyn PlacementPolicy>>,
     reclamation: Option<Box<dyn ReclamationPolicy>>,
     eviction: Option<Box<dyn EvictionPolicy>>,
+    planner: Option<Box<dyn PlannerPolicy>>,
 }
 
 impl std::fmt::Debug for Retired {
@@ -186,6 +191,11 @@ pub fn swap<D: Device>(
     }
 
     let mut retired = Retired::default();
+    let planner = new.planner;
+    let planner_swapped = planner.is_some() && opts.roles.is_none();
+    if planner_swapped {
+        retired.planner = alloc.set_planner(planner);
+    }
     let crate::decision::Policies { placement, reclamation, eviction } = new.policies;
     if roles.contains(&Role::Placement) {
         retired.placement = Some(alloc.set_placement(placement));

@@ -6,6 +6,7 @@
 //! | `pytorch` | PyTorch's CUDACachingAllocator defaults | release all cached on a failed device allocation | LRU |
 //! | `lifecycle` | pools per lifetime class, tight segments | before a pool grows, release free segments cached by others; all on a failed device allocation | LRU |
 //! | `defrag` | `lifecycle`'s | paged segments; growth stitched from free pages of every pool; cache above 50 % of reserved trimmed at step ends (≤ 16 MiB each); all on a failed device allocation | LRU |
+//! | `planned` | a planned arena for the requests of repeating steps ([`GreedyPlanner`]), `defrag` for the rest | `defrag`'s | LRU |
 //!
 //! Eviction-only built-ins (`lru`, `dtr`, `belady`): the `pytorch`
 //! placement and reclamation with that eviction policy. In a `+` spec they
@@ -24,6 +25,7 @@ mod dtr;
 mod lifecycle;
 mod lru;
 mod naive;
+mod planner;
 mod pytorch;
 
 pub use belady::BeladyEviction;
@@ -32,12 +34,13 @@ pub use dtr::DtrEviction;
 pub use lifecycle::{LifecycleClass, LifecyclePlacement, LifecycleReclamation};
 pub use lru::LruEviction;
 pub use naive::NaivePlacement;
+pub use planner::GreedyPlanner;
 pub use pytorch::{PytorchPlacement, PytorchReclamation};
 
-use crate::decision::{EvictionPolicy, PlacementPolicy, Policies, ReclamationPolicy};
+use crate::decision::{EvictionPolicy, PlacementPolicy, PlannerPolicy, Policies, ReclamationPolicy};
 
 /// Names of the built-in policy sets.
-pub const BUILTIN_NAMES: [&str; 4] = ["naive", "pytorch", "lifecycle", "defrag"];
+pub const BUILTIN_NAMES: [&str; 5] = ["naive", "pytorch", "lifecycle", "defrag", "planned"];
 
 /// Names of the built-in eviction policies (`lru` is also every set's default).
 pub const EVICTION_NAMES: [&str; 3] = ["lru", "dtr", "belady"];
@@ -66,10 +69,15 @@ pub fn by_name(name: &str) -> Option<Policies> {
         "naive" => (Box::new(NaivePlacement), Box::new(PytorchReclamation)),
         "pytorch" => (Box::new(PytorchPlacement), Box::new(PytorchReclamation)),
         "lifecycle" => (Box::new(LifecyclePlacement::default()), Box::new(LifecycleReclamation)),
-        "defrag" => (Box::new(LifecyclePlacement::default()), Box::new(DefragReclamation::default())),
+        "defrag" | "planned" => (Box::new(LifecyclePlacement::default()), Box::new(DefragReclamation::default())),
         _ => return None,
     };
     Some(Policies { placement, reclamation, eviction: Box::new(LruEviction) })
+}
+
+/// The planner of the built-in set `name`, if it has one (`planned`).
+pub fn planner_by_name(name: &str) -> Option<Box<dyn PlannerPolicy>> {
+    (name == "planned").then(|| Box::new(GreedyPlanner) as Box<dyn PlannerPolicy>)
 }
 
 /// The default policy set (`pytorch`), used as the fallback.

@@ -88,13 +88,16 @@ pub fn request_raw(path: &Path, bytes: &[u8], timeout: Duration) -> Result<Reply
     // is all written; the reply is still read.
     let wrote = s.write_all(bytes).and_then(|_| s.write_all(b"\n"));
     let mut r = BufReader::new(&s);
-    let line = match read_line(&mut r, 1 << 24) {
+    let line = match read_line(&mut r, super::protocol::MAX_REPLY_BYTES + 1) {
         Ok(Some(l)) => l,
         Ok(None) => {
             return Err(io(match wrote {
                 Err(e) => format!("cannot send the request: {e}"),
                 Ok(()) => "the server closed the connection without a reply".into(),
             }))
+        }
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+            return Err(io(format!("no reply within {} s (the run may be busy or stopped)", timeout.as_secs_f64())))
         }
         Err(e) => return Err(io(format!("no reply: {e}"))),
     };

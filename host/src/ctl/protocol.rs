@@ -26,6 +26,11 @@ use crate::decision::Role;
 /// Largest request line accepted, newline included.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 
+/// Largest reply line the server sends (and the client reads): a reply that
+/// would be larger is an error reply instead, and a swap whose reply would be
+/// larger is refused before anything changes.
+pub const MAX_REPLY_BYTES: usize = 1 << 20;
+
 /// The commands, as named on the wire.
 pub const COMMANDS: [&str; 2] = ["swap", "status"];
 

@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use super::protocol::RoleArg;
+use super::protocol::{RoleArg, MAX_REPLY_BYTES};
 use super::server::{Control, SwapOutcome};
 use super::status::{rank_status, shadow_summary, Status};
 use crate::alloc::swap::{target_roles, SwapOptions};
@@ -71,6 +71,25 @@ impl<D: Device> Control for RankControl<D> {
             let r = resolve(spec, &*self.loader).map_err(|e| format!("cannot load policy `{spec}`: {e}"))?;
             target_roles(&r, &opts).map_err(|e| e.to_string())?;
             resolved.push(r);
+        }
+        // The reply must fit before anything changes: its size is that of
+        // the outcome built from the names it will carry.
+        let roles = target_roles(&resolved[0], &opts).map_err(|e| e.to_string())?;
+        let old = self.ranks[0].with(|a| a.policies().names());
+        let provisional = SwapOutcome {
+            roles: roles.iter().map(ToString::to_string).collect(),
+            policy: spec.to_string(),
+            old: roles.iter().map(|r| old[r.index()].clone()).collect(),
+            new: roles.iter().map(|r| resolved[0].policies.name(*r).to_string()).collect(),
+            ranks: self.ranks.len(),
+            state_bytes: Some(usize::MAX),
+        };
+        let size = serde_json::to_string(&provisional).map_or(usize::MAX, |s| s.len()) + 64;
+        if size > MAX_REPLY_BYTES {
+            return Err(format!(
+                "swap to `{}` refused: its reply would take {size} bytes, more than {MAX_REPLY_BYTES}",
+                crate::text::name(spec)
+            ));
         }
         let mut out = SwapOutcome { policy: spec.to_string(), ranks: self.ranks.len(), ..SwapOutcome::default() };
         for (rank, (shared, res)) in self.ranks.iter().zip(resolved).enumerate() {

@@ -27,7 +27,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::protocol::{parse_request, read_line, ProtocolError, Reply, Request, RoleArg, MAX_REQUEST_BYTES};
+use super::protocol::{
+    parse_request, read_line, ProtocolError, Reply, Request, RoleArg, MAX_REPLY_BYTES, MAX_REQUEST_BYTES,
+};
 use super::status::Status;
 
 /// What a control server acts on: the ranks of a run.
@@ -262,7 +264,14 @@ impl Read for DeadlineReader<'_> {
 }
 
 fn send(stream: &UnixStream, reply: &Reply) -> std::io::Result<()> {
-    (&*stream).write_all(reply.to_line().as_bytes())
+    let line = reply.to_line();
+    let line = if line.len() > MAX_REPLY_BYTES {
+        Reply::err(format!("the reply would be {} bytes, more than the limit of {MAX_REPLY_BYTES}", line.len()))
+            .to_line()
+    } else {
+        line
+    };
+    (&*stream).write_all(line.as_bytes())
 }
 
 /// Serves one connection until it closes or a protocol error.

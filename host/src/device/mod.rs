@@ -13,6 +13,7 @@
 
 pub mod cuda;
 pub mod sim;
+mod zeroed;
 
 use crate::types::StreamId;
 
@@ -39,6 +40,13 @@ pub enum DeviceError {
         available: u64,
         /// Total capacity.
         capacity: u64,
+    },
+    /// Host memory for the device's bookkeeping or contents could not be
+    /// obtained (a host-backed simulated device).
+    #[error("the host could not provide {bytes} bytes to back the device's memory")]
+    HostMemory {
+        /// Bytes asked of the host.
+        bytes: u64,
     },
     /// An address, handle or range the device does not know.
     #[error("invalid argument: {0}")]

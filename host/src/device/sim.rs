@@ -248,7 +248,7 @@ impl SimDevice {
             return Ok(None);
         }
         let len = usize::try_from(size).map_err(|_| DeviceError::Invalid(format!("size {size} too large to back")))?;
-        Ok(Some(vec![0u8; len]))
+        super::zeroed::zeroed_bytes(len).map(Some).ok_or(DeviceError::HostMemory { bytes: size })
     }
 
     fn sync_all(&mut self) {

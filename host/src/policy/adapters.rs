@@ -42,6 +42,7 @@ impl WasmPolicy {
             placement: self.placement().map(|p| Box::new(p) as Box<dyn PlacementPolicy>),
             reclamation: self.reclamation().map(|p| Box::new(p) as Box<dyn ReclamationPolicy>),
             eviction: self.eviction().map(|p| Box::new(p) as Box<dyn EvictionPolicy>),
+            planner: None,
         }
     }
 
@@ -58,7 +59,7 @@ impl WasmPolicy {
             reclamation: part.reclamation.unwrap_or(defaults.reclamation),
             eviction: part.eviction.unwrap_or(defaults.eviction),
         };
-        Resolved { spec: part.label, policies, sources }
+        Resolved { spec: part.label, policies, planner: None, planner_source: None, sources }
     }
 
     fn state_handle(&self) -> StateHandle {
@@ -115,6 +116,10 @@ impl PlacementPolicy for WasmPlacement {
     fn memoizable(&self) -> bool {
         true
     }
+
+    fn time_every_call(&self) -> bool {
+        true
+    }
 }
 
 /// The reclamation role of a WebAssembly policy.
@@ -153,6 +158,10 @@ impl ReclamationPolicy for WasmReclamation {
         self.policy.paged_segments()
     }
 
+    fn time_every_call(&self) -> bool {
+        true
+    }
+
     fn state(&self) -> Option<StateHandle> {
         Some(self.policy.state_handle())
     }
@@ -189,8 +198,12 @@ impl EvictionPolicy for WasmEviction {
         let ids = self
             .policy
             .lock()
-            .call(CallKind::Decision, ctx, |g, s| g.choose_victims(s, need_bytes, candidates, ctx))?;
+            .call(CallKind::Eviction(candidates.len()), ctx, |g, s| g.choose_victims(s, need_bytes, candidates, ctx))?;
         ids.ok_or_else(|| missing(&self.policy, Role::Eviction))
+    }
+
+    fn time_every_call(&self) -> bool {
+        true
     }
 
     fn state(&self) -> Option<StateHandle> {

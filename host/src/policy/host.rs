@@ -9,11 +9,10 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::{v0_1, v0_2, GuestLogLevel};
+use super::output::GuestOutput;
 use super::sandbox::{deny_all_wasi, MemoryCap};
 use crate::decision::PolicyContext;
-
-/// Longest log message kept (longer ones are cut).
-const MAX_LOG_CHARS: usize = 1024;
+use crate::text::{tidy, MAX_MESSAGE_CHARS};
 
 /// A one-second window of log messages.
 #[derive(Debug)]
@@ -58,6 +57,13 @@ pub(crate) struct HostState {
     /// message, attached to a trap report).
     pub last_error: Option<String>,
     pub limiter: MemoryCap,
+    /// What the guest writes to stdout and stderr (bounded).
+    pub output: GuestOutput,
+    /// [`GuestOutput::written`] when the current call started.
+    pub output_mark: u64,
+    /// Epoch ticks of the one extension a call may get past its deadline
+    /// when the guest has started to report a failure (0: none left).
+    pub grace_ticks: u64,
     log: LogBudget,
     wasi: WasiCtx,
     table: ResourceTable,
@@ -65,14 +71,35 @@ pub(crate) struct HostState {
 
 impl HostState {
     pub(crate) fn new(policy: String, limits: &super::Limits) -> Self {
+        let output = GuestOutput::new(limits.max_guest_output);
         HostState {
             policy,
             ctx: PolicyContext::default(),
             last_error: None,
             limiter: MemoryCap::new(limits.max_memory, limits.max_table_elements),
             log: LogBudget { per_second: limits.log_per_second, window_start: None, in_window: 0, dropped: 0 },
-            wasi: deny_all_wasi(),
+            wasi: deny_all_wasi(&output),
+            output,
+            output_mark: 0,
+            grace_ticks: 0,
             table: ResourceTable::new(),
+        }
+    }
+}
+
+impl HostState {
+    /// The store's epoch deadline callback: at the deadline, a call whose
+    /// guest has started to report a failure — it logged at error level or
+    /// wrote to stdout/stderr during this call (a Python traceback is
+    /// printed before the trap) — gets one extension of `grace_ticks`, so
+    /// that the failure arrives with its text; any other call is interrupted.
+    pub(crate) fn at_deadline(&mut self) -> wasmtime::UpdateDeadline {
+        let reporting = self.last_error.is_some() || self.output.written() > self.output_mark;
+        if reporting && self.grace_ticks > 0 {
+            let t = std::mem::take(&mut self.grace_ticks);
+            wasmtime::UpdateDeadline::Continue(t)
+        } else {
+            wasmtime::UpdateDeadline::Interrupt
         }
     }
 }
@@ -84,14 +111,10 @@ impl WasiView for HostState {
 }
 
 impl HostState {
-    /// `host.log`.
+    /// `host.log`: sanitized (no control characters or ANSI escapes),
+    /// bounded to [`MAX_MESSAGE_CHARS`] characters, rate limited per instance.
     fn log_message(&mut self, level: GuestLogLevel, message: String) {
-        let mut message = message;
-        if message.len() > MAX_LOG_CHARS {
-            let cut = (0..=MAX_LOG_CHARS).rev().find(|&i| message.is_char_boundary(i)).unwrap_or(0);
-            message.truncate(cut);
-            message.push('…');
-        }
+        let message = tidy(&message, MAX_MESSAGE_CHARS, false);
         if matches!(level, GuestLogLevel::Error) {
             self.last_error = Some(message.clone());
         }

@@ -20,7 +20,7 @@ use super::error::LoadError;
 use super::guests::Guests;
 use super::host::HostState;
 use super::loader::Loaded;
-use super::sandbox::{classify, describe};
+use super::sandbox::{classify, describe, guest_said};
 use crate::decision::{PolicyContext, PolicyError, PolicyState, PoolSpec, Role};
 
 /// Which limits to arm a call with.
@@ -28,6 +28,9 @@ use crate::decision::{PolicyContext, PolicyError, PolicyState, PoolSpec, Role};
 pub(crate) enum CallKind {
     /// A decision: the per-call deadline and fuel.
     Decision,
+    /// An eviction decision over this many candidates: the per-call
+    /// deadline plus the allowance per candidate, and the fuel.
+    Eviction(usize),
     /// A lifecycle call: the lifecycle deadline, 1000× fuel.
     Lifecycle,
 }
@@ -44,6 +47,11 @@ pub(crate) struct Instance {
     pub reinstantiations: u64,
     /// Failed calls (any cause).
     pub failures: u64,
+    /// Decision calls get this many epoch ticks instead of their deadline
+    /// (the conformance check's runs, which measure rather than interrupt).
+    pub relaxed_ticks: Option<u64>,
+    /// Limit failures whose guest text was logged (the first few only).
+    said_logged: u32,
 }
 
 impl Instance {
@@ -54,8 +62,14 @@ impl Instance {
         let limits = &rt.config.limits;
         let mut store = Store::new(&rt.engine, HostState::new(name.to_string(), limits));
         store.limiter(|s| &mut s.limiter);
+        if rt.deadline_ticks.is_some() {
+            store.epoch_deadline_callback(|mut s| Ok(s.data_mut().at_deadline()));
+        }
         arm(&mut store, &loaded.inner.runtime, CallKind::Lifecycle);
-        let err = |e: &wasmtime::Error, s: &Store<HostState>| describe(e, s.data().last_error.as_deref());
+        let err = |e: &wasmtime::Error, s: &Store<HostState>| {
+            let d = s.data();
+            describe(e, guest_said(d.last_error.as_deref(), &d.output.take()).as_deref())
+        };
         let instance = inner
             .pre
             .instantiate(&mut store)
@@ -65,7 +79,8 @@ impl Instance {
         match guests.init(&mut store, config) {
             Ok(Ok(())) => {}
             Ok(Err(msg)) => {
-                return Err(LoadError::lifecycle(name, "init", format!("refused the configuration: {msg}")))
+                let msg = crate::text::message(&msg);
+                return Err(LoadError::lifecycle(name, "init", format!("refused the configuration: {msg}")));
             }
             Err(e) => return Err(LoadError::lifecycle(name, "init", err(&e, &store))),
         }
@@ -83,14 +98,29 @@ impl Instance {
         if self.poisoned {
             self.reinstantiate()?;
         }
+        let grace = self.loaded.inner.runtime.inner.grace_ticks;
         let data = self.store.data_mut();
         data.ctx = *ctx;
         data.last_error = None;
-        arm(&mut self.store, &self.loaded.inner.runtime, kind);
+        data.output_mark = data.output.written();
+        data.grace_ticks = grace;
+        match (self.relaxed_ticks, kind) {
+            (Some(ticks), CallKind::Decision | CallKind::Eviction(_)) => self.store.set_epoch_deadline(ticks),
+            _ => arm(&mut self.store, &self.loaded.inner.runtime, kind),
+        }
         match f(&self.guests, &mut self.store) {
             Ok(r) => Ok(r),
             Err(e) => {
-                let err = classify(&self.name, &e, self.store.data().last_error.as_deref());
+                let data = self.store.data();
+                let said = guest_said(data.last_error.as_deref(), &data.output.take());
+                let err = classify(&self.name, &e, said.as_deref());
+                if let (Some(said), false) = (&said, matches!(err, PolicyError::Trap(_))) {
+                    // A limit's error carries no text: say what the guest said once in a while.
+                    if self.said_logged < 3 {
+                        self.said_logged += 1;
+                        tracing::warn!(policy = %self.name, error = %err, said = %said, "policy call failed");
+                    }
+                }
                 self.failures += 1;
                 self.poisoned = true;
                 tracing::debug!(policy = %self.name, error = %err, "policy call failed; the instance will be re-instantiated");
@@ -127,10 +157,18 @@ impl Instance {
 fn arm(store: &mut Store<HostState>, runtime: &super::Runtime, kind: CallKind) {
     let rt = &runtime.inner;
     if let Some((decision, lifecycle)) = rt.deadline_ticks {
-        store.set_epoch_deadline(if kind == CallKind::Decision { decision } else { lifecycle });
+        let ticks = match kind {
+            CallKind::Decision => decision,
+            CallKind::Eviction(n) => {
+                let extra = rt.config.limits.deadline_per_candidate.as_nanos().saturating_mul(n as u128);
+                decision.saturating_add(u64::try_from(extra.div_ceil(rt.tick.as_nanos().max(1))).unwrap_or(u64::MAX))
+            }
+            CallKind::Lifecycle => lifecycle,
+        };
+        store.set_epoch_deadline(ticks);
     }
     if let Some(fuel) = rt.config.limits.fuel {
-        let fuel = if kind == CallKind::Decision { fuel } else { fuel.saturating_mul(1000) };
+        let fuel = if kind == CallKind::Lifecycle { fuel.saturating_mul(1000) } else { fuel };
         // Fails only when fuel is not enabled, which `Runtime::new` did.
         let _ = store.set_fuel(fuel);
     }
@@ -181,12 +219,15 @@ impl WasmPolicy {
             poisoned: false,
             reinstantiations: 0,
             failures: 0,
+            relaxed_ticks: None,
+            said_logged: 0,
         };
         let ctx = PolicyContext::default();
         let name = inst
             .call(CallKind::Lifecycle, &ctx, |g, s| g.name(s))
             .map_err(|e| LoadError::lifecycle(&label, "name", e))?;
-        let name = if name.trim().is_empty() { label.clone() } else { name };
+        // Policy text is bounded and made printable before it goes anywhere.
+        let name = if name.trim().is_empty() { label.clone() } else { crate::text::name(&name) };
         inst.name = name.clone();
         inst.store.data_mut().policy = name.clone();
         let pools = if loaded.exports(Role::Placement) {
@@ -201,7 +242,7 @@ impl WasmPolicy {
                     "returned an empty list (at least one pool is needed)",
                 ));
             }
-            pools
+            pools.into_iter().map(|p| PoolSpec { name: crate::text::name(&p.name), ..p }).collect()
         } else {
             Vec::new()
         };
@@ -265,7 +306,7 @@ impl WasmPolicy {
     pub fn load_state(&self, state: &[u8]) -> Result<(), PolicyError> {
         match self.lock().call(CallKind::Lifecycle, &PolicyContext::default(), |g, s| g.load_state(s, state)) {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(msg)) => Err(PolicyError::Refused(msg)),
+            Ok(Err(msg)) => Err(PolicyError::Refused(crate::text::message(&msg))),
             Err(e) => Err(e),
         }
     }
@@ -283,6 +324,17 @@ impl WasmPolicy {
     /// Bytes of linear memory the instance uses now.
     pub fn memory_bytes(&self) -> usize {
         self.lock().memory_bytes()
+    }
+
+    /// Gives every decision call of this instance `deadline` instead of
+    /// the runtime's (`None`: the runtime's again). Used by the
+    /// conformance check, which measures calls rather than interrupting
+    /// them at the engine's deadline. Needs a runtime with a deadline.
+    pub(crate) fn set_relaxed_deadline(&self, deadline: Option<std::time::Duration>) {
+        let rt = self.lock().loaded.inner.runtime.clone();
+        let tick = rt.inner.tick.as_nanos().max(1);
+        let ticks = deadline.map(|d| u64::try_from(d.as_nanos().div_ceil(tick)).unwrap_or(u64::MAX).max(1));
+        self.lock().relaxed_ticks = ticks.filter(|_| rt.inner.deadline_ticks.is_some());
     }
 }
 

@@ -42,17 +42,21 @@ mod guests;
 mod host;
 mod instance;
 mod loader;
+mod output;
 pub mod resolve;
 mod sandbox;
+pub mod scaffold;
 mod ticker;
 
 pub use adapters::{WasmEviction, WasmPlacement, WasmReclamation};
 pub use bindings::{tensor_from_wit, tensor_to_wit, WitVersion, WIT_VERSION};
-pub use cache::LoadSource;
+pub use cache::{clean as clean_cache, usage as cache_usage, CacheUsage, LoadSource, DEFAULT_CACHE_MAX_BYTES};
 pub use check::{check, Verdict};
 pub use config::{CacheDir, Limits, Runtime, RuntimeConfig};
 pub use error::LoadError;
 pub use instance::WasmPolicy;
 pub use loader::Loaded;
-pub use resolve::{resolve, resolve_with, shipped_candidates, GlobalRuntime, SHIPPED_NAMES};
+pub use resolve::{
+    exe_policy_dirs, locate_shipped, resolve, resolve_with, shipped_candidates, GlobalRuntime, Shipped, SHIPPED_NAMES,
+};
 pub use sandbox::MemoryLimitExceeded;

@@ -9,8 +9,10 @@
 //! - Time: epoch deadline ([`wasmtime::Trap::Interrupt`]) and fuel
 //!   ([`wasmtime::Trap::OutOfFuel`]), configured per call by the instance.
 //! - Capabilities: [`deny_all_wasi`] — no files, no environment, no
-//!   arguments, no network, no stdin, output discarded, clocks frozen at 0,
-//!   randomness a fixed sequence (so a guest importing WASI is deterministic).
+//!   arguments, no network, no stdin, clocks frozen at 0, randomness a fixed
+//!   sequence (so a guest importing WASI is deterministic); stdout and
+//!   stderr go to a bounded in-memory buffer ([`GuestOutput`]) whose tail is
+//!   attached to the error of a failed call.
 //!
 //! [`classify`] maps an error of a call to a [`PolicyError`] by type, never by
 //! message text.
@@ -18,7 +20,9 @@
 use wasmtime::Trap;
 use wasmtime_wasi::{Deterministic, HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder};
 
+use super::output::GuestOutput;
 use crate::decision::PolicyError;
+use crate::text::{tidy, MAX_MESSAGE_CHARS};
 
 /// A policy tried to grow its memory past the cap.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -81,13 +85,27 @@ pub(crate) fn classify(policy: &str, err: &wasmtime::Error, guest_said: Option<&
         Some(Trap::Interrupt) => PolicyError::Deadline,
         Some(Trap::OutOfFuel) => PolicyError::OutOfFuel,
         _ if err.downcast_ref::<MemoryLimitExceeded>().is_some() => PolicyError::MemoryLimit,
-        _ => PolicyError::Trap(format!("policy `{policy}`: {}", describe(err, guest_said))),
+        _ => PolicyError::Trap(crate::text::message(&format!("policy `{policy}`: {}", describe(err, guest_said)))),
     }
 }
 
-/// The cause of a failed call in words: the trap (and what the guest logged
-/// at error level just before, e.g. its panic message), the limit, or
-/// wasmtime's message.
+/// What the guest said about a failed call: the last message it logged at
+/// error level (an SDK panic message, a JavaScript exception reported by
+/// its guard) and the tail of what it wrote to stdout/stderr during the
+/// call (a Python traceback), sanitized and bounded; `None` when neither.
+pub(crate) fn guest_said(logged: Option<&str>, output: &str) -> Option<String> {
+    let output = tidy(output, MAX_MESSAGE_CHARS, true);
+    let logged = logged.map(|l| tidy(l, MAX_MESSAGE_CHARS, false)).filter(|l| !l.is_empty());
+    match (logged, output.is_empty()) {
+        (None, true) => None,
+        (Some(l), true) => Some(format!("it logged: {l}")),
+        (None, false) => Some(format!("it wrote: {output}")),
+        (Some(l), false) => Some(format!("it logged: {l}; it wrote: {output}")),
+    }
+}
+
+/// The cause of a failed call in words: the trap (and what the guest said
+/// just before, see [`guest_said`]), the limit, or wasmtime's message.
 pub(crate) fn describe(err: &wasmtime::Error, guest_said: Option<&str>) -> String {
     let what = match err.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => PolicyError::Deadline.to_string(),
@@ -99,7 +117,7 @@ pub(crate) fn describe(err: &wasmtime::Error, guest_said: Option<&str>) -> Strin
         },
     };
     match guest_said {
-        Some(said) => format!("{what} (it logged: {said})"),
+        Some(said) => format!("{what} ({said})"),
         None => what,
     }
 }
@@ -125,9 +143,11 @@ impl HostMonotonicClock for FrozenClock {
     }
 }
 
-/// A WASI context that grants nothing (see the module documentation).
-pub(crate) fn deny_all_wasi() -> WasiCtx {
+/// A WASI context that grants nothing (see the module documentation);
+/// stdout and stderr go to `output`.
+pub(crate) fn deny_all_wasi(output: &GuestOutput) -> WasiCtx {
     let mut b = WasiCtxBuilder::new();
+    b.stdout(output.clone()).stderr(output.clone());
     b.allow_tcp(false)
         .allow_udp(false)
         .allow_ip_name_lookup(false)

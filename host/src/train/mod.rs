@@ -57,6 +57,14 @@ pub struct TrainConfig {
 }
 
 impl TrainConfig {
+    /// The memory plan of this configuration, or why it cannot be trained.
+    pub fn plan(&self) -> Result<Plan, TrainError> {
+        if self.spec.arch != Arch::Gpt2 || self.spec.heads != self.spec.kv_heads {
+            return Err(TrainError::Config("the trainer runs GPT models (preset tiny or gpt2-124m)".into()));
+        }
+        Ok(Plan::new(&self.spec, self.zero)?)
+    }
+
     /// Defaults for `spec` under `zero`.
     pub fn new(spec: ModelSpec, zero: ZeroConfig, steps: u64) -> Self {
         TrainConfig {
@@ -171,10 +179,7 @@ impl<D: Device + 'static> Trainer<D> {
     /// A run of `cfg` whose rank `r` allocates from `allocators[r]` (their
     /// devices must hold contents: a host-backed sim device or CUDA).
     pub fn new(cfg: TrainConfig, allocators: Vec<SharedAllocator<D>>) -> Result<Self, TrainError> {
-        if cfg.spec.arch != Arch::Gpt2 || cfg.spec.heads != cfg.spec.kv_heads {
-            return Err(TrainError::Config("the trainer runs GPT models (preset tiny or gpt2-124m)".into()));
-        }
-        let plan = Plan::new(&cfg.spec, cfg.zero)?;
+        let plan = cfg.plan()?;
         if allocators.len() != cfg.zero.ranks {
             return Err(TrainError::Config(format!("{} allocators for {} ranks", allocators.len(), cfg.zero.ranks)));
         }

@@ -25,6 +25,7 @@ use crate::shadow::{allocator_metrics, Shadow, ShadowHandle};
 use crate::shard::{rank_path, Plan, PlanError};
 use crate::spec::{resolve, Loader, SpecError};
 use crate::trace::{FileTraceWriter, TraceError, TraceHeader};
+use crate::types::human_bytes;
 
 /// What a training session was asked to do.
 #[derive(Debug, Clone)]
@@ -75,6 +76,19 @@ pub enum SessionError {
         /// Why.
         cause: crate::alloc::swap::SwapError,
     },
+    /// The run would take more host memory than there is.
+    #[error(
+        "this run needs about {} of host memory ({} rank(s) × ({} of device memory held in host memory + {} of \
+         working buffers)), but {} is available: use fewer ranks, a smaller model or --device cuda",
+        human_bytes(est.total), est.ranks, human_bytes(est.device_bytes), human_bytes(est.working_bytes),
+        human_bytes(*available)
+    )]
+    HostMemory {
+        /// The estimate.
+        est: HostEstimate,
+        /// Host memory available.
+        available: u64,
+    },
     /// A rank's device cannot be opened.
     #[error("rank {rank}: device: {cause}")]
     Device {
@@ -105,12 +119,74 @@ pub enum SessionError {
     /// Training failed.
     #[error("training failed: {0}")]
     Train(TrainError),
+    /// The per-step callback asked to stop.
+    #[error("training stopped at step {0} by its report")]
+    Stopped(u64),
 }
 
 impl From<TrainError> for SessionError {
     fn from(e: TrainError) -> Self {
         SessionError::Train(e)
     }
+}
+
+/// The host memory a training run takes, estimated before it starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostEstimate {
+    /// Ranks of the run.
+    pub ranks: usize,
+    /// Device bytes a rank holds at its peak (in host memory on the
+    /// host-backed simulated device; 0 on a real GPU).
+    pub device_bytes: u64,
+    /// A rank's working buffers: f32 copies of its largest layer group and
+    /// of its activations, its thread, and its offloaded optimizer states.
+    pub working_bytes: u64,
+    /// All ranks together.
+    pub total: u64,
+}
+
+/// Estimates what a run of `cfg` takes from the host (`host_backed`: the
+/// device's bytes live in host memory), from the plan alone (a dry run on a
+/// bookkeeping-only device; nothing is computed).
+pub fn host_memory_estimate(cfg: &TrainConfig, host_backed: bool) -> Result<HostEstimate, SessionError> {
+    let plan = Plan::new(&cfg.spec, cfg.zero)?;
+    let dev = SimDevice::new(SimConfig { capacity: u64::MAX >> 2, host_backed: false, ..SimConfig::default() });
+    // `naive` reserves exactly the live bytes: the rank's peak of device tensors.
+    let alloc = SharedAllocator::new(Allocator::with_builtin(dev, "naive").expect("a built-in policy"));
+    let peak = dry_run(&plan, cfg.steps.clamp(1, 2), alloc)?;
+    let s = &cfg.spec;
+    let largest_group = plan.groups.iter().map(|g| g.padded).max().unwrap_or(0);
+    let tokens = s.batch * s.seq;
+    let widest = (3 * s.hidden).max(s.intermediate).max(s.vocab);
+    // Weights, their gradient and the accumulation read as f32, activations
+    // and logits as f32 (and their gradients), a thread stack and slack.
+    let working = 4 * 4 * largest_group + 4 * 4 * tokens * widest + 4 * (1 << 20) + plan.state_bytes().host;
+    let device_bytes = if host_backed { peak.peak_reserved_bytes } else { 0 };
+    let per_rank = device_bytes.saturating_add(working);
+    // 10 % for what the model misses (allocator slack, thread bookkeeping)
+    // and the process itself.
+    let total = per_rank.saturating_mul(cfg.zero.ranks as u64);
+    let total = total.saturating_add(total / 10).saturating_add(32 << 20);
+    Ok(HostEstimate { ranks: cfg.zero.ranks, device_bytes, working_bytes: working, total })
+}
+
+/// Host memory available now (`MemAvailable` of `/proc/meminfo`), where the
+/// system says.
+pub fn available_host_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// What the per-step callback asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepFlow {
+    /// Go on training.
+    Continue,
+    /// Stop at the next step boundary (e.g. the report's output was closed):
+    /// the run ends with [`SessionError::Stopped`].
+    Stop,
 }
 
 /// What the per-step callback sees.
@@ -265,14 +341,23 @@ pub struct TrainSession<D: Device> {
 
 impl<D: Device + 'static> TrainSession<D> {
     /// Builds the ranks' allocators on devices made by `device` (one per
-    /// rank), the recorder, the shadows and the control socket.
+    /// rank), the recorder, the shadows and the control socket. A run that
+    /// would take more host memory than is available is refused first
+    /// ([`host_memory_estimate`]; `host_backed`: the devices keep their bytes
+    /// in host memory).
     pub fn prepare(
         opts: TrainOptions,
         loader: Loader,
+        host_backed: bool,
         device: impl Fn(usize) -> Result<D, DeviceError>,
     ) -> Result<Self, SessionError> {
         let cfg = &opts.config;
         let ranks = cfg.zero.ranks;
+        cfg.plan()?;
+        let est = host_memory_estimate(cfg, host_backed)?;
+        if let Some(available) = available_host_memory().filter(|&a| est.total > a) {
+            return Err(SessionError::HostMemory { est, available });
+        }
         if let Some((at, _)) = &opts.swap_at {
             if *at >= cfg.steps {
                 return Err(SessionError::SwapPastEnd { at: *at, steps: cfg.steps });
@@ -282,7 +367,7 @@ impl<D: Device + 'static> TrainSession<D> {
         for rank in 0..ranks {
             let dev = device(rank).map_err(|cause| SessionError::Device { rank, cause })?;
             let resolved = resolve(&opts.policy, &*loader).map_err(spec_err(&opts.policy, ""))?;
-            allocators.push(SharedAllocator::new(Allocator::new(dev, resolved.policies)));
+            allocators.push(SharedAllocator::new(Allocator::from_resolved(dev, resolved)));
         }
         if let Some((_, to)) = &opts.swap_at {
             resolve(to, &*loader).map_err(spec_err(to, " (--swap-at)"))?;
@@ -306,7 +391,7 @@ impl<D: Device + 'static> TrainSession<D> {
                 .map(|_| {
                     let p = resolve(q, &*loader).map_err(spec_err(q, " (--shadow)"))?;
                     let dev = SimConfig { capacity: opts.device_capacity, ..SimConfig::default() };
-                    Ok(ShadowHandle::new(Shadow::new(q, p.policies, dev)))
+                    Ok(ShadowHandle::new(Shadow::from_resolved(q, p, dev)))
                 })
                 .collect::<Result<_, SessionError>>()?,
             None => Vec::new(),
@@ -357,34 +442,56 @@ impl<D: Device + 'static> TrainSession<D> {
 
     /// Trains, calling `on_step` once per step (from the rank that completes
     /// it), and returns the figures.
-    pub fn run(self, on_step: impl Fn(&StepView<'_>) + Send + Sync + 'static) -> Result<TrainOutcome, SessionError> {
+    pub fn run(
+        self,
+        on_step: impl Fn(&StepView<'_>) -> StepFlow + Send + Sync + 'static,
+    ) -> Result<TrainOutcome, SessionError> {
         let TrainSession { opts, loader, mut trainer, shadows, recorder, server, current_step } = self;
         let cfg = opts.config.clone();
-        if let Some((at, to)) = opts.swap_at.clone() {
-            let loader = loader.clone();
+        // Set by the report callback; every rank stops at its next step start.
+        let stop: Arc<std::sync::atomic::AtomicBool> = Arc::default();
+        {
+            let (swap, loader, stop) = (opts.swap_at.clone(), loader.clone(), stop.clone());
             let hook: StepHook<D> = Arc::new(move |_rank, step, alloc| {
-                if step == at {
-                    swap_policy(alloc, &loader, &to).map_err(|e| e.to_string())?;
-                    // Peaks from here on belong to the new policy.
-                    alloc.with(|a| a.reset_peaks());
+                if stop.load(Ordering::Relaxed) {
+                    return Err(format!("stopped before step {step}"));
+                }
+                if let Some((at, to)) = &swap {
+                    if step == *at {
+                        swap_policy(alloc, &loader, to).map_err(|e| e.to_string())?;
+                        // Peaks from here on belong to the new policy.
+                        alloc.with(|a| a.reset_peaks());
+                    }
                 }
                 Ok(())
             });
             trainer.on_step(hook);
         }
         {
-            let (swap, shadows, step_now) = (opts.swap_at.clone(), shadows.clone(), current_step.clone());
+            let (swap, shadows, step_now, stop) =
+                (opts.swap_at.clone(), shadows.clone(), current_step.clone(), stop.clone());
             let hook: ReportHook = Arc::new(move |r| {
                 step_now.store(r.step + 1, Ordering::Relaxed);
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
                 let shadow_peaks = shadows.iter().map(|h| h.metrics().peak_reserved_bytes).collect();
                 let swapped_to = swap.as_ref().filter(|(at, _)| *at == r.step).map(|(_, to)| to.as_str());
-                on_step(&StepView { report: r, shadow_peaks, swapped_to });
+                if on_step(&StepView { report: r, shadow_peaks, swapped_to }) == StepFlow::Stop {
+                    stop.store(true, Ordering::Relaxed);
+                }
             });
             trainer.on_report(hook);
         }
         let allocs = trainer.allocators();
         let plan = trainer.plan().clone();
-        let result = trainer.run()?;
+        let result = match trainer.run() {
+            Ok(r) => r,
+            Err(_) if stop.load(Ordering::Relaxed) => {
+                return Err(SessionError::Stopped(current_step.load(Ordering::Relaxed)))
+            }
+            Err(e) => return Err(e.into()),
+        };
         drop(server);
         let recorded = match recorder {
             Some(r) => r.finish()?,
@@ -398,7 +505,7 @@ impl<D: Device + 'static> TrainSession<D> {
         let plan0 = Plan::new(&cfg.spec, zero0)?;
         let reference = |policy: &str| -> Result<RankStep, SessionError> {
             let resolved = resolve(policy, &*loader).map_err(spec_err(policy, ""))?;
-            let alloc = SharedAllocator::new(Allocator::new(SimDevice::new(SimConfig::default()), resolved.policies));
+            let alloc = SharedAllocator::new(Allocator::from_resolved(SimDevice::new(SimConfig::default()), resolved));
             Ok(dry_run(&plan0, cfg.steps.min(2), alloc)?)
         };
         let peak_at = |s: usize| result.steps[s].ranks.iter().map(|r| r.peak_reserved_bytes).max().unwrap_or(0);
@@ -445,5 +552,38 @@ impl<D: Device + 'static> TrainSession<D> {
             recorded,
             shadow,
         })
+    }
+}
+
+#[cfg(test)]
+mod estimate_tests {
+    use super::*;
+    use crate::model::ModelOverrides;
+    use crate::shard::ZeroConfig;
+
+    fn cfg(o: ModelOverrides, ranks: usize) -> TrainConfig {
+        let spec = o.apply("tiny").unwrap();
+        let zero = ZeroConfig { stage: 3, ranks, offload: false, micro_batches: ranks * 4usize.div_ceil(ranks) };
+        TrainConfig::new(spec.clone(), zero, 2)
+    }
+
+    /// Measured peak resident memory of `wasmem train … --steps 2` on the
+    /// development machine (2026-12-01): 1000 ranks of `tiny` 7.9 GiB, 64
+    /// ranks 571 MiB, one rank of `tiny` widened to hidden 8192 with 2 layers
+    /// 17.2 GiB. The estimate must not be below them by more than a little,
+    /// nor far above.
+    #[test]
+    fn estimates_bracket_measured_runs() {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let e = host_memory_estimate(&cfg(ModelOverrides::default(), 1000), true).unwrap();
+        assert!((7.9..16.0).contains(&gib(e.total)), "{e:?}");
+        let e = host_memory_estimate(&cfg(ModelOverrides::default(), 64), true).unwrap();
+        assert!((0.55..1.2).contains(&gib(e.total)), "{e:?}");
+        let wide = ModelOverrides { hidden: Some(8192), heads: Some(8), layers: Some(2), ..Default::default() };
+        let e = host_memory_estimate(&cfg(wide, 1), true).unwrap();
+        assert!((17.2..26.0).contains(&gib(e.total)), "{e:?}");
+        // On a real GPU the device bytes are not the host's.
+        let g = host_memory_estimate(&cfg(ModelOverrides::default(), 64), false).unwrap();
+        assert_eq!(g.device_bytes, 0);
     }
 }

@@ -25,9 +25,11 @@ pub enum Command {
     Replay {
         #[command(flatten)]
         common: Common,
-        /// Policy: a built-in name (naive, pytorch, lifecycle; eviction only: lru,
-        /// dtr, belady), a shipped policy name (pytorch-like, lru-evict, …), a
-        /// `.wasm` path, or `a+b` to take each role from the first part that provides it.
+        /// Policy: a built-in name (naive, pytorch, lifecycle, defrag; eviction only:
+        /// lru, dtr, belady), a shipped policy name (pytorch-like, lru-evict, …), a
+        /// `.wasm` path, or `a+b`: each role from the part that provides the fewest
+        /// roles, the earlier on a tie (`pytorch-like+defrag-reclaim` reclaims with
+        /// defrag-reclaim); `part?key=value,…` configures a part.
         #[arg(long, default_value = "lifecycle")]
         policy: String,
         /// Write the replay's final state and actions as a PyTorch memory
@@ -158,7 +160,7 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value_t = DeviceKind::Sim)]
     pub device: DeviceKind,
     /// Simulated device memory per rank.
-    #[arg(long, default_value = "80GiB", value_parser = parse_size)]
+    #[arg(long, default_value = "80GiB", value_parser = parse_capacity)]
     pub device_mem: u64,
     /// Per-call deadline of WebAssembly policies, in milliseconds.
     #[arg(long, default_value_t = 1.0)]
@@ -167,18 +169,66 @@ pub struct TrainArgs {
 
 #[derive(Subcommand)]
 pub enum PolicyCommand {
-    /// Validate a component's exports and WIT version and run the conformance suite.
+    /// Validate a component's exports and WIT version and run the conformance
+    /// suite (fuzzed calls, or the calls of a replay of `--trace`); prints per
+    /// role the calls and their p50/p99 duration.
     Check {
-        /// The component (`.wasm`).
+        /// The component (`.wasm`), or a shipped policy name.
         file: PathBuf,
-        /// Per-call deadline in milliseconds (interpreted Python and JavaScript
-        /// policies need more than the default).
+        /// The engine's per-decision deadline to judge the calls' cost against,
+        /// in milliseconds (eviction calls get 25 µs more per candidate). The
+        /// calls themselves run with 10× this (at least 100 ms): they are
+        /// measured, not interrupted.
         #[arg(long, default_value_t = 1.0)]
         deadline_ms: f64,
         /// Text passed to the policy's `init`.
         #[arg(long, default_value = "")]
         config: String,
+        /// Run the checks on the calls of a replay of this trace (trace v1 or a
+        /// PyTorch snapshot) instead of fuzzed calls.
+        #[arg(long, value_name = "TRACE")]
+        trace: Option<PathBuf>,
+        /// With --trace: simulated device memory (default 80GiB, or 60 % of the
+        /// trace's peak live bytes for a policy that exports eviction).
+        #[arg(long, value_parser = parse_size)]
+        device_mem: Option<u64>,
     },
+    /// Create a policy project in a new directory (WIT and, for Rust, the SDK
+    /// copied in) that builds with one command and passes `policy check`.
+    New {
+        /// Language: rust, python or js.
+        #[arg(long, value_parser = parse_lang)]
+        lang: wasmem::policy::scaffold::Lang,
+        /// Role: placement, reclamation or eviction.
+        #[arg(long, value_parser = parse_role)]
+        role: wasmem::decision::Role,
+        /// The policy's name (lowercase letters, digits, `-`).
+        name: String,
+        /// The project directory (default: ./NAME); created, or empty.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Show the shipped policies and where this binary finds each one.
+    List,
+    /// Show the artifact cache (precompiled components) and its size, or clean it.
+    Cache {
+        /// Remove every cached artifact (the next load of a component compiles it again).
+        #[arg(long)]
+        clean: bool,
+    },
+}
+
+/// `rust`, `python` or `js`.
+fn parse_lang(s: &str) -> Result<wasmem::policy::scaffold::Lang, String> {
+    wasmem::policy::scaffold::Lang::parse(s).ok_or_else(|| format!("`{s}`: expected rust, python or js"))
+}
+
+/// `placement`, `reclamation` or `eviction`.
+fn parse_role(s: &str) -> Result<wasmem::decision::Role, String> {
+    wasmem::decision::Role::ALL
+        .into_iter()
+        .find(|r| r.to_string() == s)
+        .ok_or_else(|| format!("`{s}`: expected placement, reclamation or eviction"))
 }
 
 #[derive(Subcommand)]
@@ -282,7 +332,7 @@ pub struct Common {
     #[arg(long = "synth")]
     pub synth: Vec<String>,
     /// Simulated device memory (e.g. 80GiB, 16GB).
-    #[arg(long, default_value = "80GiB", value_parser = parse_size)]
+    #[arg(long, default_value = "80GiB", value_parser = parse_capacity)]
     pub device_mem: u64,
     /// Device backend: `sim` (simulated, the default) or `cuda` (GPU 0).
     #[arg(long, value_enum, default_value_t = DeviceKind::Sim)]
@@ -290,9 +340,10 @@ pub struct Common {
     /// Print one JSON object per (trace, policy) instead of text.
     #[arg(long)]
     pub json: bool,
-    /// Per-call deadline of WebAssembly policies, in milliseconds (the rank
-    /// threads share the cores, so a policy call can wait behind another
-    /// rank's computation: the default is longer than replay's).
+    /// Per-decision deadline of WebAssembly policies, in milliseconds (eviction
+    /// calls get 25 µs more per candidate); a call past it is decided by the
+    /// built-in fallback. Generous by default: the replays of `compare` run in
+    /// parallel and share the cores.
     #[arg(long, default_value_t = 50.0)]
     pub deadline_ms: f64,
     /// Parse trace files every time instead of using the trace cache
@@ -378,4 +429,13 @@ pub fn parse_swap(s: &str) -> Result<(u64, String), String> {
         return Err(format!("`{s}`: the policy after `:` is missing"));
     }
     Ok((e, p.trim().to_string()))
+}
+
+/// A device capacity: a size of at least one byte.
+pub fn parse_capacity(s: &str) -> Result<u64, String> {
+    match parse_size(s) {
+        Ok(0) => Err(format!("`{s}`: a device needs more than 0 bytes")),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }

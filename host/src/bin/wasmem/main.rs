@@ -2,8 +2,9 @@
 //! of the library → the report (`wasmem::report`). No engine logic lives here.
 
 mod args;
+mod policy;
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use rayon::prelude::*;
 
-use args::{Cli, Command, Common, CtlCommand, DeviceKind, PolicyCommand, TrainArgs};
+use args::{Cli, Command, Common, CtlCommand, DeviceKind, TrainArgs};
 use wasmem::device::cuda::CudaDevice;
 use wasmem::device::sim::{SimConfig, SimDevice};
 use wasmem::policy::{Limits, Runtime, RuntimeConfig};
@@ -20,8 +21,42 @@ use wasmem::report;
 use wasmem::session::{self, DeviceChoice, ReplayOptions, ReplayOutcome};
 use wasmem::spec::Loader;
 use wasmem::trace::TraceHeader;
-use wasmem::train::session::{TrainOptions, TrainSession};
+use wasmem::train::session::{StepFlow, TrainOptions, TrainSession};
 use wasmem::workload::{Source, TraceOptions, Workload};
+
+/// Standard output was closed by its reader (`wasmem … | head`): the
+/// program ends quietly.
+#[derive(Debug, thiserror::Error)]
+#[error("standard output was closed")]
+struct OutputClosed;
+
+/// Writes `text` to standard output: a closed pipe is [`OutputClosed`], any
+/// other failure (a full disk…) an error that says so.
+fn emit(text: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes()).and_then(|()| out.flush()).map_err(|e| match e.kind() {
+        std::io::ErrorKind::BrokenPipe => anyhow::Error::new(OutputClosed),
+        _ => anyhow::Error::new(e).context("cannot write to standard output"),
+    })
+}
+
+/// Prints to standard output through [`emit`], returning its failure with `?`.
+macro_rules! out {
+    ($($t:tt)*) => { emit(&format!($($t)*))? };
+}
+
+/// [`out!`] with a newline.
+macro_rules! outln {
+    ($($t:tt)*) => { emit(&format!("{}\n", format_args!($($t)*)))? };
+}
+
+/// Prints a note to standard error; a failure to do so is ignored (the note
+/// is not the output).
+macro_rules! note {
+    ($($t:tt)*) => {{
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
 
 /// The policy runtime of this process (one engine, one artifact cache).
 fn runtime(deadline_ms: f64) -> Result<&'static Runtime> {
@@ -94,9 +129,9 @@ fn replay(common: Common, policy: String, export: Option<std::path::PathBuf>, sh
             b.finish_and_clear();
         }
         if let (Some(path), Some(snap)) = (&export, &out.snapshot) {
-            wasmem::trace::snapshot::export::export_file(path, snap)
-                .with_context(|| format!("cannot write {}", path.display()))?;
-            eprintln!(
+            // The export error names the file.
+            wasmem::trace::snapshot::export::export_file(path, snap)?;
+            note!(
                 "wrote snapshot {} ({} segments, {} trace entries)",
                 path.display(),
                 snap.segments.len(),
@@ -104,9 +139,9 @@ fn replay(common: Common, policy: String, export: Option<std::path::PathBuf>, sh
             );
         }
         if common.json {
-            println!("{}", report::replay_json(&out));
+            outln!("{}", report::replay_json(&out));
         } else {
-            print!("{}", report::replay_text(&out));
+            out!("{}", report::replay_text(&out));
         }
     }
     Ok(())
@@ -145,10 +180,10 @@ fn compare(
             (0..policies.len()).map(|_| it.next().expect("one result per pair")).collect::<Result<Vec<_>, _>>()?;
         if common.json {
             for o in &outs {
-                println!("{}", report::replay_json(o));
+                outln!("{}", report::replay_json(o));
             }
         } else {
-            print!("{}", report::compare_text(&outs, swap_at.as_ref().map(|(_, to)| to.as_str())));
+            out!("{}", report::compare_text(&outs, swap_at.as_ref().map(|(_, to)| to.as_str())));
         }
         charts.push(outs);
     }
@@ -161,7 +196,7 @@ fn compare(
             })
             .collect();
         wasmem::plot::draw(path, &series)?;
-        eprintln!("wrote {}", path.display());
+        note!("wrote {}", path.display());
     }
     Ok(())
 }
@@ -177,7 +212,7 @@ fn synth(cmd: Command) -> Result<()> {
         let header = TraceHeader { source: format!("wasmem synth: {}", serde_json::to_string(&spec)?), ranks: 1 };
         wasmem::trace::write_file(&output, &header, &events)
             .with_context(|| format!("cannot write {}", output.display()))?;
-        eprintln!("wrote {} events ({} parameters) to {}", events.len(), spec.parameter_count(), output.display());
+        note!("wrote {} events ({} parameters) to {}", events.len(), spec.parameter_count(), output.display());
         return Ok(());
     };
     let cfg = ranks.config(stage, ranks.ranks)?;
@@ -189,7 +224,7 @@ fn synth(cmd: Command) -> Result<()> {
     let files = wasmem::shard::write_traces(&plan, spec.steps, &output, rank, &source)
         .with_context(|| format!("cannot write {}", output.display()))?;
     let s = plan.state_bytes();
-    eprintln!(
+    note!(
         "wrote {} trace(s) of {} events ({} parameters; model states/rank {} device + {} host) to {}",
         files.len(),
         files.first().map_or(0, |f| f.1),
@@ -218,38 +253,48 @@ fn train(t: TrainArgs) -> Result<()> {
     };
     let loader: Loader = Arc::new(runtime(t.deadline_ms)?.clone());
     let json = t.json;
+    // Printed as the run goes, from the rank that completes the step; a
+    // failure to print stops the run (and is reported after it).
+    let failed: Arc<std::sync::Mutex<Option<anyhow::Error>>> = Arc::default();
+    let seen = failed.clone();
     let on_step = move |v: &wasmem::train::session::StepView<'_>| {
-        // Printed as the run goes, from the rank that completes the step.
-        if json {
-            println!("{}", report::train::step_json(v));
-        } else {
-            println!("{}", report::train::step_text(v));
+        let line = if json { report::train::step_json(v).to_string() } else { report::train::step_text(v) };
+        match emit(&format!("{line}\n")) {
+            Ok(()) => StepFlow::Continue,
+            Err(e) => {
+                seen.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+                StepFlow::Stop
+            }
         }
     };
     let outcome = match t.device {
         DeviceKind::Sim => {
             let sim = SimConfig { capacity: t.device_mem, host_backed: true, ..SimConfig::default() };
-            let s = TrainSession::prepare(opts, loader, |_| Ok(SimDevice::new(sim)))?;
+            let s = TrainSession::prepare(opts, loader, true, |_| Ok(SimDevice::new(sim)))?;
             announce(s.ctl_path());
-            s.run(on_step)?
+            s.run(on_step).map_err(anyhow::Error::new)
         }
         DeviceKind::Cuda => {
-            let s = TrainSession::prepare(opts, loader, |_| CudaDevice::new(0)).context("--device cuda")?;
+            let s = TrainSession::prepare(opts, loader, false, |_| CudaDevice::new(0)).context("--device cuda")?;
             announce(s.ctl_path());
-            s.run(on_step).context("--device cuda")?
+            s.run(on_step).map_err(|e| anyhow::Error::new(e).context("--device cuda"))
         }
     };
+    if let Some(e) = failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(e);
+    }
+    let outcome = outcome?;
     if json {
-        println!("{}", report::train::summary_json(&outcome));
+        outln!("{}", report::train::summary_json(&outcome));
     } else {
-        print!("{}", report::train::summary_text(&outcome));
+        out!("{}", report::train::summary_text(&outcome));
     }
     Ok(())
 }
 
 fn announce(ctl: Option<&std::path::Path>) {
     if let Some(p) = ctl {
-        eprintln!("control socket: {} (wasmem ctl --socket {} status)", p.display(), p.display());
+        note!("control socket: {} (wasmem ctl --socket {} status)", p.display(), p.display());
     }
 }
 
@@ -262,16 +307,16 @@ fn ctl(socket: Option<std::path::PathBuf>, cmd: CtlCommand) -> Result<()> {
             let v = wasmem::ctl::request(&path, &wasmem::ctl::Request::Swap { role, policy }, timeout)?;
             let o: wasmem::ctl::SwapOutcome = serde_json::from_value(v)?;
             for ((r, old), new) in o.roles.iter().zip(&o.old).zip(&o.new) {
-                println!("{r}: {old} → {new} on {} rank(s), from the next decision", o.ranks);
+                outln!("{r}: {old} → {new} on {} rank(s), from the next decision", o.ranks);
             }
         }
         CtlCommand::Status { json } => {
             let v = wasmem::ctl::request(&path, &wasmem::ctl::Request::Status, timeout)?;
             if json {
-                println!("{v}");
+                outln!("{v}");
             } else {
                 let s: wasmem::ctl::Status = serde_json::from_value(v)?;
-                print!("{}", wasmem::ctl::render_status(&s));
+                out!("{}", wasmem::ctl::render_status(&s));
             }
         }
     }
@@ -282,15 +327,7 @@ fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Command::Replay { common, policy, export_snapshot, shadow } => replay(common, policy, export_snapshot, shadow),
         Command::Compare { common, policies, plot, swap_at } => compare(common, policies, plot, swap_at),
-        Command::Policy { cmd: PolicyCommand::Check { file, deadline_ms, config } } => {
-            let opts = wasmem::policy::check::CheckOptions { config, ..Default::default() };
-            let verdict = wasmem::policy::check::check_with(runtime(deadline_ms)?, &file, &opts);
-            print!("{verdict}");
-            if !verdict.passed() {
-                bail!("{} failed the conformance suite", file.display());
-            }
-            Ok(())
-        }
+        Command::Policy { cmd } => policy::run(cmd),
         cmd @ Command::Synth { .. } => synth(cmd),
         Command::Train(t) => train(t),
         Command::Ctl { socket, cmd } => ctl(socket, cmd),
@@ -316,13 +353,20 @@ fn render(e: &anyhow::Error) -> String {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("WASMEM_LOG").unwrap_or_else(|_| "warn".into()))
+        // Default: warnings, and what policies log through `host.log` at info and
+        // above (rate limited per instance); WASMEM_LOG overrides.
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WASMEM_LOG")
+                .unwrap_or_else(|_| "warn,wasmem::policy::guest=info".into()),
+        )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<OutputClosed>() => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", render(&e));
+            note!("error: {}", render(&e));
             ExitCode::FAILURE
         }
     }

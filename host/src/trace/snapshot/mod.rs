@@ -156,8 +156,12 @@ pub struct SnapshotInfo {
     /// Trace entries with actions that produce no event (`free_requested`,
     /// `segment_*`, `oom`, `snapshot`, unknown ones).
     pub skipped_entries: usize,
-    /// `alloc`s at an address that was still live (lost `free_completed`).
+    /// `alloc`s at an address that was still live (lost `free_completed`):
+    /// the earlier block is taken as freed there.
     pub anomalies: usize,
+    /// Trace entries with an action this importer does not know, by action
+    /// (they are ignored, with a warning).
+    pub unknown_actions: std::collections::BTreeMap<String, usize>,
     /// Stream mapping: (PyTorch stream value, stream in the events).
     pub streams: Vec<(u64, u32)>,
     /// The most accounted bytes the import held at once (see
@@ -317,6 +321,18 @@ fn import_named(bytes: &[u8], name: &str, short_name: &str, opts: &ImportOptions
     let raw = done.raw.map_err(err)?;
     let (events, mut info) = build_events(&raw);
     info.accounted_peak_bytes = peak;
+    info.unknown_actions = raw.unknown.clone();
+    if !info.unknown_actions.is_empty() {
+        let list: Vec<String> = info.unknown_actions.iter().map(|(a, n)| format!("`{a}` ×{n}")).collect();
+        tracing::warn!(file = %name, "snapshot entries with unknown actions ignored: {}", list.join(", "));
+    }
+    if info.anomalies > 0 {
+        tracing::warn!(
+            file = %name,
+            count = info.anomalies,
+            "snapshot `alloc` entries at an address still live (a lost `free_completed`): the earlier block is taken as freed there"
+        );
+    }
     info.device = opts.device;
     Ok(Snapshot {
         header: TraceHeader {
@@ -358,8 +374,14 @@ fn pass(bytes: &[u8], limits: &ImportLimits, device: u32, keep_all: bool) -> Pas
     let (raw, touched_skipped) = match parsed {
         Err(e) => (Err(e), false),
         Ok(pk) => {
-            let mut walk =
-                Walk { p: &pk, steps: 0, max_steps: limits.max_walk_steps, budget: &mut budget, limits: *limits };
+            let mut walk = Walk {
+                p: &pk,
+                steps: 0,
+                max_steps: limits.max_walk_steps,
+                budget: &mut budget,
+                limits: *limits,
+                unknown: Default::default(),
+            };
             let raw = walk.snapshot(device).and_then(|raw| {
                 // The events and the maps that build them, at most.
                 let n = raw.entries.len() + raw.segments.iter().map(|s| s.blocks.len()).sum::<usize>();
@@ -400,8 +422,14 @@ enum Action {
     FreeCompleted,
     SegmentGrow,
     SegmentShrink,
+    /// An action PyTorch records that produces no event.
     Other,
+    /// An action this importer does not know (counted by name, ignored).
+    Unknown,
 }
+
+/// Actions PyTorch records that the importer reads but turns into no event.
+const SKIPPED_ACTIONS: [&str; 3] = ["free_requested", "oom", "snapshot"];
 
 /// One trace entry.
 #[derive(Debug, Clone)]
@@ -417,6 +445,8 @@ struct RawEntry {
 struct RawSnapshot {
     segments: Vec<RawSegment>,
     entries: Vec<RawEntry>,
+    /// Unknown actions by name (sanitized), with their counts.
+    unknown: std::collections::BTreeMap<String, usize>,
 }
 
 type WalkResult<T> = Result<T, SnapshotErrorKind>;
@@ -428,6 +458,8 @@ struct Walk<'p, 'a, 'b> {
     /// Charged for the records the walk builds.
     budget: &'b mut Budget,
     limits: ImportLimits,
+    /// Unknown actions by name (sanitized), with their counts.
+    unknown: std::collections::BTreeMap<String, usize>,
 }
 
 /// Bytes charged per trace entry or block for building the events: the
@@ -601,7 +633,7 @@ impl<'p, 'a> Walk<'p, 'a, '_> {
             let list: Vec<String> = present.iter().map(u64::to_string).collect();
             return Err(SnapshotErrorKind::NoSuchDevice { device, present: list.join(", ") });
         }
-        Ok(RawSnapshot { segments, entries })
+        Ok(RawSnapshot { segments, entries, unknown: std::mem::take(&mut self.unknown) })
     }
 
     fn segment(&mut self, sd: &'p [(Val, Val)], i: usize) -> WalkResult<RawSegment> {
@@ -641,9 +673,18 @@ impl<'p, 'a> Walk<'p, 'a, '_> {
             "free_completed" => Action::FreeCompleted,
             "segment_alloc" | "segment_map" => Action::SegmentGrow,
             "segment_free" | "segment_unmap" => Action::SegmentShrink,
-            _ => Action::Other,
+            a if SKIPPED_ACTIONS.contains(&a) => Action::Other,
+            a => {
+                let name = crate::text::name(a);
+                if !self.unknown.contains_key(&name) {
+                    // The name and a map node.
+                    self.charge(name.len() + 64)?;
+                }
+                *self.unknown.entry(name).or_default() += 1;
+                Action::Unknown
+            }
         };
-        if action == Action::Other {
+        if matches!(action, Action::Other | Action::Unknown) {
             return Ok(RawEntry { action, addr: 0, size: 0, stream: 0, time_us: None, kind: None });
         }
         let addr = self.req_u64(ed, "addr", path)?;

@@ -17,6 +17,10 @@
 //! | `empty-pools` | `pools` returns an empty list |
 //! | `bad-state` | `load-state` refuses any state |
 //! | `fickle` | cacheable decisions that differ between calls of one size class |
+//! | `evil-name` | `name` holds terminal escapes, a carriage return and a NUL |
+//! | `huge-name` | `name` is `n` MiB long |
+//! | `evil-init` | `init` refuses with a message full of terminal escapes |
+//! | `diverge` | decisions depend on a count of calls that `save-state` leaves out, so an instance restored from the state answers differently |
 //!
 //! In every mode the policy counts its decisions; `save-state` returns the
 //! count (8 bytes, little endian) and `load-state` restores it, so tests can
@@ -30,8 +34,12 @@ use wasmem_policy_sdk::prelude::*;
 #[derive(Debug, Default)]
 pub struct Hostile {
     mode: String,
+    /// What `name` returns.
+    label: String,
     n: u64,
     calls: u64,
+    /// Calls counted outside the saved state (`diverge`).
+    hidden: u64,
     hoard: Vec<Vec<u8>>,
 }
 
@@ -39,6 +47,7 @@ impl Hostile {
     /// Counts a decision and misbehaves as configured.
     fn act(&mut self) {
         self.calls += 1;
+        self.hidden += 1;
         match self.mode.as_str() {
             "loop" => {
                 let mut x = self.calls;
@@ -59,16 +68,22 @@ impl Hostile {
 
 impl Policy for Hostile {
     fn name(&self) -> &str {
-        "hostile"
+        &self.label
     }
 
     fn configure(&mut self, config: &Config) -> Result<(), String> {
         self.mode = config.get_or("mode", String::from("ok"))?;
         self.n = config.get_or("n", 3u64)?;
-        if self.mode == "trap-init" {
-            panic!("hostile policy traps in init");
+        self.label = match self.mode.as_str() {
+            "evil-name" => String::from("\u{1b}[2J\u{1b}[31mhostile\r\0\u{202e}name"),
+            "huge-name" => "h".repeat((self.n as usize) << 20),
+            _ => String::from("hostile"),
+        };
+        match self.mode.as_str() {
+            "trap-init" => panic!("hostile policy traps in init"),
+            "evil-init" => Err(String::from("\u{1b}]0;owned\u{7}\u{1b}[31mrefused\r\nfake line\0")),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     fn save_state(&self) -> Vec<u8> {
@@ -101,6 +116,7 @@ impl Placement for Hostile {
             "bad-pool" => PlacementDecision { pool: 7, ..d },
             "bad-round" => PlacementDecision { round_to: 3, ..d },
             "fickle" => PlacementDecision { cacheable: true, segment_min: (self.calls % 2) << 21, ..d },
+            "diverge" => PlacementDecision { cacheable: false, split_min_remainder: 512 + (self.hidden % 2), ..d },
             _ => d,
         }
     }
@@ -110,10 +126,10 @@ impl Reclamation for Hostile {
     fn reclaim(&mut self, trigger: &ReclaimTrigger, _ctx: &PolicyContext) -> ReclaimDecision {
         self.act();
         let d = defaults::pytorch_reclaim(trigger);
-        if self.mode == "bad-reclaim" {
-            ReclaimDecision { release_bytes: 1, pools: Some(vec!["no-such-pool".to_string()]) }
-        } else {
-            d
+        match self.mode.as_str() {
+            "bad-reclaim" => ReclaimDecision { release_bytes: 1, pools: Some(vec!["no-such-pool".to_string()]) },
+            "diverge" => ReclaimDecision { release_bytes: self.hidden, ..d },
+            _ => d,
         }
     }
 
@@ -137,6 +153,9 @@ impl Eviction for Hostile {
             if let Some(&first) = v.first() {
                 v.push(first);
             }
+        }
+        if self.mode == "diverge" && self.hidden % 2 == 1 {
+            v.reverse();
         }
         v
     }

@@ -1,0 +1,789 @@
+//! Planned placement: learn a training step, plan its memory ahead of time,
+//! serve it at planned offsets in one arena.
+//!
+//! ```text
+//!  step s:   every request recorded (bytes, kind, stream, when freed) ─► profile
+//!  step end: planner(profile) ─► plan ─► validate_plan ─► stored (≤ 4, keyed by the first request)
+//!            the arena (one segment of the `planned` pool) grows to the plan when it is free
+//!  step s+1: request ──match the plan's next entries──► its offset free? ─► served there (a hit)
+//!                          │ no entry matches, or the range is occupied (a deviation)
+//!                          └──────────────────────────────────────────────► the dynamic path
+//! ```
+//!
+//! Matching tolerates deviations: a request is compared with the next
+//! [`LOOKAHEAD`] entries of the plan; a match there skips the entries before
+//! it (missing requests), no match leaves the cursor (an extra request). At
+//! a step's first request the most recently used plan whose first entry
+//! matches is chosen. A step is planned again when it missed more than 1 %
+//! of its requests, or when its profile knows more lifetimes than the plan's.
+//!
+//! Invariants (checked by [`Allocator::check_invariants`]):
+//! - every arena is a whole segment of the `planned` pool, never paged; its
+//!   free blocks are exactly the entries of the arena's free map (offset →
+//!   block) and are in no free index;
+//! - a tensor is served from the arena only into a range that was entirely
+//!   free: no tensor is ever placed over a live one, whatever the plan;
+//! - `plan_arena_bytes = Σ arena sizes`.
+
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
+
+use super::policies::RoleHealth;
+use super::slab::{Block, Segment, NIL};
+use super::{ActionKind, AllocError, Allocator, InvariantError, Pool, Tier};
+use crate::decision::{
+    cycle_live, validate_plan, AllocRequest, Plan, PlanRequest, PlannerPolicy, ReclaimDecision, StepProfile, PLAN_ALIGN,
+};
+use crate::device::{Device, DevicePtr};
+use crate::types::{StreamId, TensorId, TensorKind};
+
+/// Plans kept at once (different kinds of steps).
+pub const MAX_PLANS: usize = 4;
+
+/// Entries of the plan a request is compared with.
+pub const LOOKAHEAD: usize = 8;
+
+/// Name of the pool of planned arenas.
+pub const PLANNED_POOL: &str = "planned";
+
+/// What identifies a request in a plan.
+type Key = (u64, TensorKind, StreamId);
+
+fn key(r: &PlanRequest) -> Key {
+    (r.bytes, r.kind, r.stream)
+}
+
+/// A validated plan and the requests it was made for.
+#[derive(Debug)]
+struct StoredPlan {
+    keys: Vec<Key>,
+    offsets: Vec<Option<u64>>,
+    arena_bytes: u64,
+    /// Requests of the profile whose lifetime was known (for replanning).
+    known: usize,
+    /// The request before which the arena is installed (see [`install_point`]).
+    install_at: usize,
+    last_used: u64,
+}
+
+/// One arena: a segment of the `planned` pool and its free blocks by offset.
+#[derive(Debug)]
+struct Arena {
+    seg: u32,
+    base: DevicePtr,
+    size: u64,
+    free: BTreeMap<u64, u32>,
+}
+
+/// The planning state of an allocator (see the module documentation).
+pub(crate) struct Planning {
+    planner: Box<dyn PlannerPolicy>,
+    /// Failure accounting of the planner.
+    pub health: RoleHealth,
+    /// This step's requests, in order.
+    current: Vec<PlanRequest>,
+    /// This step's requests still live: handle slot → (handle, index).
+    live: FxHashMap<u32, (TensorId, u32)>,
+    /// The previous step's requests live at its end: slot → (handle, index).
+    carried: FxHashMap<u32, (TensorId, u32)>,
+    /// When each of the previous step's end-live requests was freed in this step.
+    carried_freed: FxHashMap<u32, u32>,
+    /// The previous step's request keys (to match wraps by position).
+    previous: Vec<Key>,
+    plans: Vec<StoredPlan>,
+    /// The plan serving this step, and the next entry to match.
+    active: Option<usize>,
+    cursor: usize,
+    /// The active plan needs a larger arena: it is matched, not served,
+    /// until its install point.
+    installing: bool,
+    /// While installing: this step's requests and the plan entries they matched.
+    matched: Vec<(TensorId, u32)>,
+    /// The plan entry the request being served matched.
+    last_match: Option<u32>,
+    /// Dynamic cache to give back after the first step served by a new arena.
+    trim_pending: bool,
+    /// The smallest arena the device refused: larger plans are not installed.
+    refused_arena: u64,
+    step_hits: u64,
+    step_misses: u64,
+    arenas: Vec<Arena>,
+    /// Step ends seen (a clock for choosing plans).
+    steps: u64,
+}
+
+impl std::fmt::Debug for Planning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Planning")
+            .field("planner", &self.planner.name())
+            .field("plans", &self.plans.len())
+            .field("arenas", &self.arenas.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Planning {
+    pub(crate) fn new(planner: Box<dyn PlannerPolicy>) -> Self {
+        Planning {
+            planner,
+            health: RoleHealth::default(),
+            current: Vec::new(),
+            live: FxHashMap::default(),
+            carried: FxHashMap::default(),
+            carried_freed: FxHashMap::default(),
+            previous: Vec::new(),
+            plans: Vec::new(),
+            active: None,
+            cursor: 0,
+            installing: false,
+            matched: Vec::new(),
+            last_match: None,
+            trim_pending: false,
+            refused_arena: u64::MAX,
+            step_hits: 0,
+            step_misses: 0,
+            arenas: Vec::new(),
+            steps: 0,
+        }
+    }
+
+    /// The planner's name.
+    pub(crate) fn planner_name(&self) -> &str {
+        self.planner.name()
+    }
+
+    /// Bytes of the current arena (0: none).
+    fn arena_size(&self) -> u64 {
+        self.arenas.last().map_or(0, |a| a.size)
+    }
+
+    /// Drops every stored plan and the step's use of one.
+    fn forget_plans(&mut self) {
+        self.plans.clear();
+        self.active = None;
+        self.installing = false;
+        self.matched.clear();
+    }
+
+    /// The entry of the active plan `req` matches among the next
+    /// [`LOOKAHEAD`] (advancing the cursor past it), and its offset.
+    #[inline]
+    fn next_offset(&mut self, req: &AllocRequest) -> Option<(usize, Option<u64>)> {
+        if self.current.is_empty() {
+            self.choose(req);
+        }
+        let plan = &self.plans[self.active?];
+        let k = (req.bytes, req.kind, req.stream);
+        let end = (self.cursor + LOOKAHEAD).min(plan.keys.len());
+        let j = (self.cursor..end).find(|&j| plan.keys[j] == k)?;
+        self.cursor = j + 1;
+        Some((j, plan.offsets[j]))
+    }
+
+    /// Chooses the plan for a step that starts with `first`: the most
+    /// recently used one that starts with it and whose arena the device
+    /// did not refuse.
+    fn choose(&mut self, first: &AllocRequest) {
+        let k = (first.bytes, first.kind, first.stream);
+        let refused = self.refused_arena;
+        self.active = self
+            .plans
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.keys.first() == Some(&k) && p.arena_bytes < refused)
+            .max_by_key(|(_, p)| p.last_used)
+            .map(|(i, _)| i);
+        self.cursor = 0;
+        self.matched.clear();
+        if let Some(i) = self.active {
+            self.plans[i].last_used = self.steps;
+            self.installing = self.plans[i].arena_bytes > self.arena_size();
+        }
+    }
+
+    /// Records an allocation of this step.
+    fn record_alloc(&mut self, id: TensorId, bytes: u64, kind: TensorKind, stream: StreamId) {
+        let k = self.current.len() as u32;
+        self.current.push(PlanRequest { bytes, kind, stream, freed_at: None, wraps_to: None });
+        self.live.insert(id.slot, (id, k));
+        if let Some(j) = self.last_match.take() {
+            self.matched.push((id, j));
+        }
+    }
+
+    /// Records a free: the end of a request of this step, or of one carried
+    /// from the previous step.
+    fn record_free(&mut self, id: TensorId) {
+        let now = self.current.len() as u32;
+        if let Some(&(h, k)) = self.live.get(&id.slot) {
+            if h == id {
+                self.live.remove(&id.slot);
+                self.current[k as usize].freed_at = Some(now);
+                return;
+            }
+        }
+        if let Some(&(h, k)) = self.carried.get(&id.slot) {
+            if h == id {
+                self.carried.remove(&id.slot);
+                self.carried_freed.insert(k, now);
+            }
+        }
+    }
+
+    /// Closes the step's profile (lifetimes, wraps matched by position with
+    /// the previous step) and starts the next one.
+    fn close_step(&mut self, step: u64) -> (StepProfile, bool) {
+        let mut requests = std::mem::take(&mut self.current);
+        let repeated =
+            requests.len() == self.previous.len() && requests.iter().map(key).eq(self.previous.iter().copied());
+        for (k, r) in requests.iter_mut().enumerate() {
+            if r.freed_at.is_none() && self.previous.get(k) == Some(&key(r)) {
+                r.wraps_to = self.carried_freed.get(&(k as u32)).copied();
+            }
+        }
+        self.previous = requests.iter().map(key).collect();
+        self.carried = std::mem::take(&mut self.live);
+        self.carried_freed.clear();
+        self.active = None;
+        self.installing = false;
+        self.matched.clear();
+        self.last_match = None;
+        self.cursor = 0;
+        self.steps += 1;
+        (StepProfile { step, requests }, repeated)
+    }
+
+    /// The arena holding segment `seg`, if it is one.
+    fn arena_mut(&mut self, seg: u32) -> Option<&mut Arena> {
+        self.arenas.iter_mut().find(|a| a.seg == seg)
+    }
+
+    /// The live tensors of the active plan, with their planned offsets:
+    /// this step's matched requests and, when the previous step was the
+    /// plan's sequence, its end-live requests (matched by position). One
+    /// still live later than planned is included too: moving it only
+    /// succeeds into a free range, so a later request it blocks is a miss.
+    fn plan_live(&self) -> Vec<(TensorId, u64)> {
+        let Some(plan) = self.active.map(|i| &self.plans[i]) else { return Vec::new() };
+        let mut out: Vec<(TensorId, u64)> = self
+            .matched
+            .iter()
+            .filter(|(id, _)| self.live.get(&id.slot).is_some_and(|&(h, _)| h == *id))
+            .filter_map(|&(id, j)| Some((id, plan.offsets[j as usize]?)))
+            .collect();
+        if self.previous == plan.keys {
+            out.extend(self.carried.values().filter_map(|&(id, k)| Some((id, plan.offsets[k as usize]?))));
+        }
+        out
+    }
+}
+
+impl<D: Device> Allocator<D> {
+    /// Installs a planner (`None`: no planned placement); returns the old one.
+    /// Stored plans are dropped; arenas stay until they are free.
+    pub fn set_planner(&mut self, planner: Option<Box<dyn PlannerPolicy>>) -> Option<Box<dyn PlannerPolicy>> {
+        match (self.planning.as_mut(), planner) {
+            (Some(p), Some(new)) => {
+                p.forget_plans();
+                p.refused_arena = u64::MAX;
+                p.health.fresh_policy();
+                Some(std::mem::replace(&mut p.planner, new))
+            }
+            (None, Some(new)) => {
+                self.planning = Some(Box::new(Planning::new(new)));
+                None
+            }
+            (Some(p), None) => {
+                // Arenas must stay consistent with their segments: keep the
+                // state, with no plan to serve, until nothing is left in them.
+                p.forget_plans();
+                None
+            }
+            (None, None) => None,
+        }
+    }
+
+    /// The planner's name, when planned placement is on.
+    pub fn planner_name(&self) -> Option<&str> {
+        self.planning.as_ref().map(|p| p.planner_name())
+    }
+
+    /// The planner's failure accounting, when planned placement is on.
+    pub fn planner_health(&self) -> Option<&RoleHealth> {
+        self.planning.as_ref().map(|p| &p.health)
+    }
+
+    /// A block at the planned offset of `req` when the plan has one and its
+    /// range is free (a hit); `None` otherwise (the dynamic path serves it).
+    /// At the install point of a plan that needs a larger arena, the arena
+    /// is installed first.
+    #[inline]
+    pub(super) fn planned_block(&mut self, req: &AllocRequest) -> Result<Option<(u32, u32)>, AllocError> {
+        let Some(p) = self.planning.as_mut() else { return Ok(None) };
+        let planned = p.next_offset(req);
+        let Some(i) = p.active else { return Ok(None) };
+        if p.installing {
+            match planned {
+                Some((j, _)) if j >= p.plans[i].install_at => {
+                    if !self.install_arena()? {
+                        return Ok(None);
+                    }
+                }
+                Some((j, _)) => {
+                    p.last_match = Some(j as u32);
+                    return Ok(None);
+                }
+                None => {
+                    // A deviation before the arena exists: this step stays dynamic.
+                    p.active = None;
+                    p.installing = false;
+                    p.matched.clear();
+                    p.step_misses += 1;
+                    self.stats.plan_misses += 1;
+                    return Ok(None);
+                }
+            }
+        }
+        let served = match planned {
+            Some((_, Some(off))) => self.take_arena_range(off, req.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN, req.stream),
+            _ => None,
+        };
+        let p = self.planning.as_mut().expect("checked");
+        if served.is_some() {
+            p.step_hits += 1;
+            self.stats.plan_hits += 1;
+        } else {
+            p.step_misses += 1;
+            self.stats.plan_misses += 1;
+        }
+        Ok(served)
+    }
+
+    /// When the dynamic path is out of memory: the smallest free range of
+    /// any arena that holds `req` (the request is then not an OOM).
+    #[cold]
+    pub(super) fn arena_fallback(&mut self, req: &AllocRequest) -> Option<(u32, u32)> {
+        let size = req.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
+        let p = self.planning.as_ref()?;
+        let blocks = &self.arena.blocks;
+        let (a, off, _) = p
+            .arenas
+            .iter()
+            .enumerate()
+            .flat_map(|(a, arena)| arena.free.iter().map(move |(&off, &b)| (a, off, blocks.get(b).size)))
+            .filter(|&(_, _, s)| s >= size)
+            .min_by_key(|&(a, off, s)| (s, a, off))?;
+        let served = self.take_range(a, off, size, req.stream)?;
+        // The dynamic path counted an OOM when it gave up: this is none.
+        self.stats.ooms = self.stats.ooms.saturating_sub(1);
+        Some(served)
+    }
+
+    /// Carves `[off, off + size)` of the current arena into a block if that
+    /// range is entirely free; returns (block, pool).
+    fn take_arena_range(&mut self, off: u64, size: u64, stream: StreamId) -> Option<(u32, u32)> {
+        let last = self.planning.as_ref()?.arenas.len().checked_sub(1)?;
+        self.take_range(last, off, size, stream)
+    }
+
+    /// [`Allocator::take_arena_range`] in arena `a`.
+    fn take_range(&mut self, a: usize, off: u64, size: u64, stream: StreamId) -> Option<(u32, u32)> {
+        let p = self.planning.as_mut()?;
+        let arena = p.arenas.get_mut(a)?;
+        let (&boff, &blk) = arena.free.range(..=off).next_back()?;
+        let b = *self.arena.blocks.get(blk);
+        if boff + b.size < off + size {
+            return None;
+        }
+        let seg = *self.arena.segments.get(b.segment);
+        if seg.stream != stream {
+            // Blocks stay on the stream of their segment; the arena is on stream 0.
+            return None;
+        }
+        arena.free.remove(&boff);
+        // Before the range: a free remainder (keeps `blk`).
+        let mut cur = blk;
+        if off > boff {
+            let rest = split(&mut self.arena.blocks, blk, off - boff);
+            arena.free.insert(boff, blk);
+            cur = rest;
+        }
+        // After the range.
+        let c = *self.arena.blocks.get(cur);
+        if c.size > size {
+            let tail = split(&mut self.arena.blocks, cur, size);
+            arena.free.insert(off + size, tail);
+        }
+        Some((cur, seg.pool))
+    }
+
+    /// Records an allocation of this step in the profile (after it succeeded).
+    #[inline]
+    pub(super) fn plan_record_alloc(&mut self, id: TensorId, bytes: u64, kind: TensorKind, stream: StreamId) {
+        if let Some(p) = self.planning.as_mut() {
+            p.record_alloc(id, bytes, kind, stream);
+        }
+    }
+
+    /// Records a free in the profile.
+    #[inline]
+    pub(super) fn plan_record_free(&mut self, id: TensorId) {
+        if let Some(p) = self.planning.as_mut() {
+            p.record_free(id);
+        }
+    }
+
+    /// A freed arena block goes back to its arena's free map (merged with its
+    /// free neighbours by the caller); `stale` are the offsets of the blocks
+    /// merged into it.
+    pub(super) fn arena_block_freed(&mut self, seg: u32, blk: u32, stale: [Option<u64>; 2]) {
+        let offset = self.arena.blocks.get(blk).offset;
+        let Some(arena) = self.planning.as_mut().and_then(|p| p.arena_mut(seg)) else { return };
+        for o in stale.iter().flatten() {
+            arena.free.remove(o);
+        }
+        arena.free.insert(offset, blk);
+    }
+
+    /// At a step end: closes the profile and plans it when needed; after the
+    /// first step a new arena served, gives the dynamic cache back once.
+    pub(super) fn plan_step_end(&mut self, step: u64) -> Result<(), AllocError> {
+        let Some(p) = self.planning.as_mut() else { return Ok(()) };
+        let (hits, misses) = (std::mem::take(&mut p.step_hits), std::mem::take(&mut p.step_misses));
+        let served_plan = p.active.filter(|_| !p.installing);
+        let (profile, repeated) = p.close_step(step);
+        let n = profile.requests.len();
+        let known = profile.requests.iter().enumerate().filter(|(k, r)| r.plannable(*k as u32)).count();
+        // A step with unknown lifetimes is planned only once it repeated the
+        // previous step: before, the ends of its end-live requests could not
+        // be learned (they are freed in the next step).
+        let worth = n > 0 && known > 0 && (known == n || repeated);
+        let good = served_plan.is_some_and(|i| p.plans[i].known >= known) && misses * 100 <= (hits + misses);
+        let trim = std::mem::take(&mut p.trim_pending) && served_plan.is_some();
+        tracing::debug!(
+            step,
+            requests = n,
+            known,
+            hits,
+            misses,
+            replan = worth && !good,
+            arena = self.stats.plan_arena_bytes,
+            reserved = self.stats.bytes.reserved_bytes,
+            "planned step end"
+        );
+        if worth && !good {
+            self.make_plan(&profile)?;
+        }
+        if trim {
+            self.release_cached(&ReclaimDecision { trim: true, ..ReclaimDecision::all() })?;
+        }
+        self.release_free_retired()
+    }
+
+    /// Asks the planner for a plan of `profile`, validates it and stores it.
+    fn make_plan(&mut self, profile: &StepProfile) -> Result<(), AllocError> {
+        let ctx = self.context();
+        let max_arena = self.device.capacity();
+        let p = self.planning.as_mut().expect("planning is on");
+        let max = self.policies.max_consecutive_failures;
+        if p.health.disabled {
+            return Ok(());
+        }
+        p.health.calls += 1;
+        let result = p.planner.plan(profile, &ctx).and_then(|plan| {
+            validate_plan(profile, &plan, max_arena)?;
+            Ok(plan)
+        });
+        let plan: Plan = match result {
+            Ok(plan) => {
+                p.health.consecutive_failures = 0;
+                plan
+            }
+            Err(e) => {
+                let name = p.planner.name().to_string();
+                p.health.record("planner", &name, &e, max);
+                self.stats.plan_refused += 1;
+                tracing::warn!(planner = %name, step = profile.step, error = %e, "plan refused; the step stays dynamic");
+                return Ok(());
+            }
+        };
+        if plan.planned() == 0 {
+            return Ok(());
+        }
+        let known = profile.requests.iter().enumerate().filter(|(k, r)| r.plannable(*k as u32)).count();
+        let (install_at, live) = install_point(&profile.requests, &plan.offsets);
+        tracing::debug!(
+            step = profile.step,
+            install_at,
+            live,
+            arena = plan.arena_bytes,
+            bound = cycle_live(&profile.requests, &plan.offsets).into_iter().max().unwrap_or(0),
+            "plan made"
+        );
+        let stored = StoredPlan {
+            keys: profile.requests.iter().map(key).collect(),
+            offsets: plan.offsets,
+            arena_bytes: plan.arena_bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN,
+            known,
+            install_at,
+            last_used: p.steps,
+        };
+        // One plan per first request; the least recently used goes first.
+        if let Some(i) = p.plans.iter().position(|q| q.keys.first() == stored.keys.first()) {
+            p.plans.remove(i);
+        } else if p.plans.len() >= MAX_PLANS {
+            let lru = p.plans.iter().enumerate().min_by_key(|(_, q)| q.last_used).map(|(i, _)| i).expect("full");
+            p.plans.remove(lru);
+        }
+        p.plans.push(stored);
+        self.stats.plans += 1;
+        Ok(())
+    }
+
+    /// Installs an arena for the active plan (at its install point): the old
+    /// arena goes when it is free, the dynamic cache is given back, the new
+    /// arena is allocated, and the live tensors the plan expects are moved
+    /// to their planned offsets (unless addresses must stay stable); the
+    /// others stay where they are. Returns whether the arena is installed
+    /// (the device may refuse it: the step then stays dynamic).
+    fn install_arena(&mut self) -> Result<bool, AllocError> {
+        let p = self.planning.as_mut().expect("planning is on");
+        let i = p.active.expect("a plan is active");
+        let want = p.plans[i].arena_bytes;
+        p.installing = false;
+        if let Some(seg) = p.arenas.last().map(|a| a.seg) {
+            if self.arena_is_free(seg) {
+                let a = self.planning.as_mut().expect("planning is on").arenas.pop().expect("checked");
+                self.release_arena(a)?;
+            }
+        }
+        self.release_cached(&ReclaimDecision { trim: true, ..ReclaimDecision::all() })?;
+        let pool = self.planned_pool();
+        let base = match self.device.alloc_segment(want) {
+            Ok(b) => b,
+            Err(e) => {
+                self.stats.plan_refused += 1;
+                tracing::warn!(bytes = want, error = %e, "no arena for the plan; its steps stay dynamic");
+                let p = self.planning.as_mut().expect("planning is on");
+                p.refused_arena = p.refused_arena.min(want);
+                p.active = None;
+                p.matched.clear();
+                return Ok(false);
+            }
+        };
+        self.stats.device_alloc_calls += 1;
+        let seg = self.arena.segments.insert(Segment {
+            base,
+            size: want,
+            pool,
+            stream: StreamId(0),
+            first: NIL,
+            born: self.clock,
+        });
+        let block =
+            self.arena.blocks.insert(Block { segment: seg, offset: 0, size: want, prev: NIL, next: NIL, tensor: NIL });
+        self.arena.segments.get_mut(seg).first = block;
+        self.stats.bytes.add_reserved(want);
+        self.arena.pools[pool as usize].gauges.add_reserved(want);
+        self.stats.plan_arena_bytes += want;
+        self.record(ActionKind::SegmentAlloc, base, want, StreamId(0), None);
+        let p = self.planning.as_mut().expect("planning is on");
+        let mut free = BTreeMap::new();
+        free.insert(0, block);
+        p.arenas.push(Arena { seg, base, size: want, free });
+        p.trim_pending = true;
+        let moving = if self.stable_addresses { Vec::new() } else { p.plan_live() };
+        p.matched.clear();
+        let mut moved = 0;
+        for (id, off) in moving {
+            moved += self.move_into_arena(id, off)?;
+        }
+        if moved > 0 {
+            self.stats.moved_bytes += moved;
+            self.release_cached(&ReclaimDecision { trim: true, ..ReclaimDecision::all() })?;
+        }
+        self.release_free_retired()?;
+        Ok(true)
+    }
+
+    /// Moves live tensor `id` to offset `off` of the current arena when it
+    /// can move (on the device, on the arena's stream, not pinned, used on
+    /// no other stream) and the range is free; returns the bytes copied.
+    fn move_into_arena(&mut self, id: TensorId, off: u64) -> Result<u64, AllocError> {
+        let Some(t) = self.tensors.get(id).copied() else { return Ok(0) };
+        if t.tier != Tier::Device || t.cross_stream || self.tensors.pins.contains_key(&id.slot) {
+            return Ok(0);
+        }
+        let Some((dst, dpool)) = self.take_arena_range(off, t.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN, t.stream) else {
+            return Ok(0);
+        };
+        let src = t.block;
+        let s = *self.arena.blocks.get(src);
+        let sseg = *self.arena.segments.get(s.segment);
+        let d = *self.arena.blocks.get(dst);
+        let dbase = self.arena.segments.get(d.segment).base;
+        self.device.copy(dbase + d.offset, sseg.base + s.offset, t.bytes, t.stream)?;
+        self.stats.bytes.sub_live(t.bytes, s.size);
+        self.arena.pools[sseg.pool as usize].gauges.sub_live(t.bytes, s.size);
+        self.stats.bytes.add_live(t.bytes, d.size);
+        self.arena.pools[dpool as usize].gauges.add_live(t.bytes, d.size);
+        self.arena.blocks.get_mut(dst).tensor = id.slot;
+        self.tensors.get_mut(id).expect("live").block = dst;
+        self.arena.blocks.get_mut(src).tensor = NIL;
+        self.return_block(src)?;
+        Ok(t.bytes)
+    }
+
+    /// Releases arenas other than the current one once they are entirely free.
+    fn release_free_retired(&mut self) -> Result<(), AllocError> {
+        loop {
+            let Some(p) = self.planning.as_ref() else { return Ok(()) };
+            let n = p.arenas.len();
+            let Some(i) = (0..n.saturating_sub(1)).find(|&i| self.arena_is_free(p.arenas[i].seg)) else {
+                return Ok(());
+            };
+            let a = self.planning.as_mut().expect("planning is on").arenas.remove(i);
+            self.release_arena(a)?;
+        }
+    }
+
+    /// Under memory pressure: releases every arena that is entirely free
+    /// (the current one included: its plans are not installed again at
+    /// that size). Returns the bytes released.
+    pub(super) fn release_idle_arenas(&mut self) -> Result<u64, AllocError> {
+        let mut released = 0;
+        loop {
+            let Some(p) = self.planning.as_ref() else { return Ok(released) };
+            let Some(i) = (0..p.arenas.len()).find(|&i| self.arena_is_free(p.arenas[i].seg)) else {
+                return Ok(released);
+            };
+            let p = self.planning.as_mut().expect("checked");
+            let a = p.arenas.remove(i);
+            if p.arenas.is_empty() {
+                p.refused_arena = p.refused_arena.min(a.size);
+                p.active = None;
+                p.installing = false;
+            }
+            released += a.size;
+            self.release_arena(a)?;
+        }
+    }
+
+    fn arena_is_free(&self, seg: u32) -> bool {
+        let s = self.arena.segments.get(seg);
+        let b = self.arena.blocks.get(s.first);
+        b.is_free() && b.size == s.size
+    }
+
+    fn release_arena(&mut self, a: Arena) -> Result<(), AllocError> {
+        self.device.free_segment(a.base)?;
+        self.stats.device_free_calls += 1;
+        self.stats.device_syncs += 1;
+        let seg = *self.arena.segments.get(a.seg);
+        self.arena.blocks.remove(seg.first);
+        self.arena.segments.remove(a.seg);
+        self.stats.bytes.sub_reserved(seg.size);
+        self.arena.pools[seg.pool as usize].gauges.sub_reserved(seg.size);
+        self.stats.plan_arena_bytes -= seg.size;
+        self.record(ActionKind::SegmentFree, seg.base, seg.size, seg.stream, None);
+        Ok(())
+    }
+
+    /// The engine pool of planned arenas, created on first use.
+    fn planned_pool(&mut self) -> u32 {
+        match self.arena.pools.iter().position(|p| p.planned) {
+            Some(i) => i as u32,
+            None => {
+                let mut pool = Pool::new(PLANNED_POOL, false);
+                pool.planned = true;
+                self.arena.pools.push(pool);
+                (self.arena.pools.len() - 1) as u32
+            }
+        }
+    }
+
+    /// The planning invariants of the module documentation.
+    pub(super) fn check_planning(&self) -> Result<(), InvariantError> {
+        let bad = |m: String| Err(InvariantError(m));
+        let Some(p) = self.planning.as_ref() else {
+            return match self.arena.pools.iter().find(|p| p.planned && p.gauges.segments > 0) {
+                Some(_) => bad("planned arenas without planning".into()),
+                None => Ok(()),
+            };
+        };
+        let mut total = 0;
+        for a in &p.arenas {
+            let Some(s) = self.arena.segments.try_get(a.seg) else {
+                return bad(format!("arena segment {} is gone", a.seg));
+            };
+            if !self.arena.pools[s.pool as usize].planned || s.size != a.size || s.base != a.base {
+                return bad(format!("arena segment {} is not a planned segment of {} bytes", a.seg, a.size));
+            }
+            if self.paging.segs.contains_key(&a.seg) {
+                return bad(format!("arena segment {} is paged", a.seg));
+            }
+            total += a.size;
+            let mut free = 0;
+            let mut b = s.first;
+            while b != NIL {
+                let blk = self.arena.blocks.get(b);
+                if blk.is_free() {
+                    free += 1;
+                    if a.free.get(&blk.offset) != Some(&b) {
+                        return bad(format!("free arena block {b} at {} is not in the arena's free map", blk.offset));
+                    }
+                }
+                b = blk.next;
+            }
+            if free != a.free.len() {
+                return bad(format!("the arena's free map has {} entries for {free} free blocks", a.free.len()));
+            }
+        }
+        if self.arena.pools.iter().filter(|q| q.planned).any(|q| q.gauges.segments != p.arenas.len() as u64) {
+            return bad("planned pool segments and arenas disagree".into());
+        }
+        if total != self.stats.plan_arena_bytes {
+            return bad(format!("plan_arena_bytes {} but arenas hold {total}", self.stats.plan_arena_bytes));
+        }
+        Ok(())
+    }
+}
+
+/// The time to install a plan: the request before which the fewest planned
+/// bytes are live (the earliest of equals), and those bytes.
+pub(crate) fn install_point(requests: &[PlanRequest], offsets: &[Option<u64>]) -> (usize, u64) {
+    let during = cycle_live(requests, offsets);
+    during
+        .iter()
+        .enumerate()
+        .map(|(t, &l)| {
+            // Before request t is served: without request t itself.
+            let own = if offsets[t].is_some() { requests[t].planned_bytes() } else { 0 };
+            (t, l - own)
+        })
+        .min_by_key(|&(t, l)| (l, t))
+        .unwrap_or((0, 0))
+}
+
+/// Splits `blk` after its first `at` bytes; returns the new block (the rest),
+/// which is free and linked after `blk`.
+fn split(blocks: &mut super::slab::Slab<Block>, blk: u32, at: u64) -> u32 {
+    let b = *blocks.get(blk);
+    debug_assert!(at > 0 && at < b.size);
+    let rest = blocks.insert(Block {
+        segment: b.segment,
+        offset: b.offset + at,
+        size: b.size - at,
+        prev: blk,
+        next: b.next,
+        tensor: NIL,
+    });
+    if b.next != NIL {
+        blocks.get_mut(b.next).prev = rest;
+    }
+    let m = blocks.get_mut(blk);
+    m.next = rest;
+    m.size = at;
+    rest
+}

@@ -1,0 +1,472 @@
+//! Planned placement (`alloc::planned`): repeating steps served from one
+//! arena at planned offsets, on a host-backed simulated device.
+//!
+//! - deterministic steps: the plan is learned, installed, and the steady
+//!   state makes no device call; the peak is never above `defrag`'s;
+//! - installing with tensors live (moved into the arena, or left in place
+//!   when addresses must stay stable), several plans, memory pressure;
+//! - hostile planners: every kind of invalid plan is refused and counted,
+//!   nothing is placed, the run goes on;
+//! - a property test: random steps with random deviations (extra, missing,
+//!   resized, reordered requests, frees earlier or later), contents and
+//!   invariants checked throughout, no OOM where `defrag` alone has none.
+
+use proptest::prelude::*;
+use wasmem::alloc::{AllocError, Allocator, Stats};
+use wasmem::decision::{Plan, PlannerPolicy, PolicyContext, PolicyError, StepProfile, PLAN_ALIGN};
+use wasmem::device::sim::{SimConfig, SimDevice};
+use wasmem::types::{Phase, StreamId, TensorId, TensorKind, GIB, KIB, MIB};
+
+mod common;
+
+use common::model::{Coverage, Live};
+
+/// One request of a step template: its size, kind, and the time it is freed
+/// (before request `free_at` of the same step; `free_at ≥ n`: in the next
+/// step, before its request `free_at - n`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Req {
+    bytes: u64,
+    kind: TensorKind,
+    free_at: usize,
+}
+
+/// A deviation from the template in one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dev {
+    /// An extra request of these bytes before request `at`, freed before request `at + 2`.
+    Extra { at: usize, bytes: u64 },
+    /// Request `at` does not happen.
+    Skip(usize),
+    /// Request `at` asks for `delta` more bytes.
+    Resize { at: usize, delta: u64 },
+    /// Requests `at` and `at + 1` come in the other order.
+    Swap(usize),
+    /// Request `at` is freed `by` requests later (or earlier when negative).
+    Shift { at: usize, by: i64 },
+}
+
+/// The operations of one step, after its deviations.
+fn ops(template: &[Req], devs: &[Dev]) -> Vec<Req> {
+    let n = template.len();
+    let mut reqs: Vec<Option<Req>> = template.iter().copied().map(Some).collect();
+    let mut extra: Vec<(usize, Req)> = Vec::new();
+    for d in devs {
+        match *d {
+            Dev::Extra { at, bytes } => {
+                let at = at % n;
+                extra.push((at, Req { bytes, kind: TensorKind::Temp, free_at: (at + 2).min(n) }));
+            }
+            Dev::Skip(at) => reqs[at % n] = None,
+            Dev::Resize { at, delta } => {
+                if let Some(r) = reqs[at % n].as_mut() {
+                    r.bytes += delta;
+                }
+            }
+            Dev::Swap(at) => {
+                let at = at % n;
+                if at + 1 < n {
+                    reqs.swap(at, at + 1);
+                }
+            }
+            Dev::Shift { at, by } => {
+                let at = at % n;
+                if let Some(r) = reqs[at].as_mut() {
+                    // Stay freed after its own allocation, and (for a wrap)
+                    // before its own next allocation.
+                    let lo = at + 1;
+                    let hi = if r.free_at >= n { n + at } else { 2 * n - 1 };
+                    r.free_at = (r.free_at as i64 + by).clamp(lo as i64, hi.max(lo) as i64) as usize;
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (k, r) in reqs.into_iter().enumerate() {
+        for &(_, e) in extra.iter().filter(|(at, _)| *at == k) {
+            out.push(e);
+        }
+        if let Some(r) = r {
+            out.push(r);
+        }
+    }
+    out
+}
+
+/// Drives steps of requests on an allocator, with tagged contents.
+struct Run {
+    a: Allocator<SimDevice>,
+    /// Live tensors and the time they are freed (in the current step's clock;
+    /// ≥ the step's length: in a later step).
+    live: Vec<(Live, usize)>,
+    seed: u64,
+    step: u64,
+    ooms: u64,
+    /// Check the invariants after every operation (slow on large steps).
+    check_each: bool,
+}
+
+impl Run {
+    fn new(policy: &str, capacity: u64) -> Self {
+        let dev = SimDevice::new(SimConfig { capacity, host_backed: true, ..SimConfig::default() });
+        let a = Allocator::with_builtin(dev, policy).unwrap();
+        Run { a, live: Vec::new(), seed: 0, step: 0, ooms: 0, check_each: true }
+    }
+
+    fn with_planner(capacity: u64, planner: Box<dyn PlannerPolicy>) -> Self {
+        let mut r = Run::new("defrag", capacity);
+        r.a.set_planner(Some(planner));
+        r
+    }
+
+    fn free_due(&mut self, t: usize) {
+        let mut i = 0;
+        while i < self.live.len() {
+            if self.live[i].1 == t {
+                let (l, _) = self.live.swap_remove(i);
+                l.check(&mut self.a, Coverage::HeadAndTail).unwrap();
+                self.a.free(l.id).unwrap();
+                self.checked();
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn checked(&self) {
+        if self.check_each {
+            self.a.check_invariants().unwrap_or_else(|e| panic!("step {}: {e}", self.step));
+        }
+    }
+
+    /// Runs one step of `reqs`; returns the stats the step added.
+    fn step(&mut self, reqs: &[Req]) -> Stats {
+        let before = self.a.stats();
+        let n = reqs.len();
+        for (k, r) in reqs.iter().enumerate() {
+            self.free_due(k);
+            match self.a.alloc(r.bytes, r.kind, StreamId(0)) {
+                Ok(id) => {
+                    self.seed += 1;
+                    let l = Live { id, bytes: r.bytes, seed: self.seed };
+                    l.fill(&mut self.a, Coverage::HeadAndTail);
+                    self.live.push((l, r.free_at.max(k + 1)));
+                }
+                Err(AllocError::OutOfMemory { .. }) => self.ooms += 1,
+                Err(e) => panic!("step {}: {e}", self.step),
+            }
+            self.checked();
+        }
+        self.free_due(n);
+        self.a.phase(Phase::StepEnd, self.step).unwrap();
+        self.checked();
+        // The next step's clock: what was due later moves back by a step.
+        for (_, t) in self.live.iter_mut() {
+            *t = t.saturating_sub(n);
+        }
+        self.step += 1;
+        for (l, _) in &self.live {
+            l.check(&mut self.a, Coverage::HeadAndTail).unwrap();
+        }
+        self.a.stats().minus(&before)
+    }
+
+    fn finish(mut self) -> Stats {
+        for (l, _) in std::mem::take(&mut self.live) {
+            l.check(&mut self.a, Coverage::HeadAndTail).unwrap();
+            self.a.free(l.id).unwrap();
+        }
+        self.a.check_invariants().unwrap();
+        assert_eq!(self.a.gauges().allocated_bytes, 0);
+        self.a.stats()
+    }
+}
+
+/// A training-like step: activations freed in reverse, gradients live
+/// across the step end and freed early in the next step, temporaries.
+fn training_step(layers: usize, act: u64) -> Vec<Req> {
+    let mut reqs = Vec::new();
+    // forward: one activation per layer, a temporary each
+    for l in 0..layers {
+        reqs.push(Req { bytes: act + (l as u64) * 4 * KIB, kind: TensorKind::Activation, free_at: 0 });
+        reqs.push(Req { bytes: act / 3, kind: TensorKind::Temp, free_at: 0 });
+    }
+    let fwd = reqs.len();
+    // backward: a gradient per layer; activations freed as it goes
+    for l in 0..layers {
+        reqs.push(Req { bytes: act / 2 + 1000, kind: TensorKind::Grad, free_at: 0 });
+        let _ = l;
+    }
+    let n = reqs.len();
+    for (k, r) in reqs.iter_mut().enumerate() {
+        r.free_at = match r.kind {
+            TensorKind::Temp => k + 1,
+            // activation of layer l is freed by the backward of layer l
+            TensorKind::Activation => fwd + (layers - 1 - k / 2) + 1,
+            // gradients: freed in the next step, at its second request
+            _ => n + 2,
+        };
+    }
+    reqs
+}
+
+#[test]
+fn steady_state_makes_no_device_call() {
+    let template = training_step(6, 3 * MIB);
+    let mut planned = Run::new("planned", 4 * GIB);
+    let mut defrag = Run::new("defrag", 4 * GIB);
+    let mut per_step = Vec::new();
+    for _ in 0..10 {
+        per_step.push(planned.step(&template));
+        defrag.step(&template);
+    }
+    let s = planned.a.stats();
+    assert!(s.plans >= 1, "{s:?}");
+    assert!(s.plan_arena_bytes > 0);
+    // Learned in the first steps, served from the arena after.
+    for (i, d) in per_step.iter().enumerate().skip(3) {
+        assert_eq!(d.plan_hits, template.len() as u64, "step {i}: {d:?}");
+        assert_eq!(d.plan_misses, 0, "step {i}");
+    }
+    for (i, d) in per_step.iter().enumerate().skip(4) {
+        assert_eq!((d.device_alloc_calls, d.device_free_calls, d.device_syncs), (0, 0, 0), "step {i}");
+    }
+    let (p, d) = (planned.a.stats(), defrag.a.stats());
+    assert!(
+        p.bytes.peak_reserved_bytes <= d.bytes.peak_reserved_bytes,
+        "planned peak {} above defrag's {}",
+        p.bytes.peak_reserved_bytes,
+        d.bytes.peak_reserved_bytes
+    );
+    assert_eq!(planned.ooms, 0);
+    planned.finish();
+}
+
+#[test]
+fn steps_without_a_repeat_stay_dynamic() {
+    // Every step is different: nothing is ever planned for a step that
+    // comes again, so no arena is held.
+    let mut r = Run::new("planned", 4 * GIB);
+    for s in 0..6u64 {
+        let t: Vec<Req> = training_step(4, 2 * MIB + s * 64 * KIB);
+        r.step(&t);
+    }
+    let st = r.a.stats();
+    assert_eq!(st.plan_hits, 0, "{st:?}");
+    assert_eq!(st.plan_arena_bytes, 0);
+    r.finish();
+}
+
+/// A step in which some tensor is always live: a gradient freed late in the
+/// next step, so that every install point has live bytes.
+fn always_live_step() -> Vec<Req> {
+    let mut t = training_step(4, 2 * MIB);
+    let n = t.len();
+    t.push(Req { bytes: 5 * MIB, kind: TensorKind::Grad, free_at: 2 * n });
+    t[0].free_at = n; // live until the step's end
+    t
+}
+
+#[test]
+fn install_moves_live_tensors_into_the_arena() {
+    let template = always_live_step();
+    let mut r = Run::new("planned", 4 * GIB);
+    let mut moved = 0;
+    for _ in 0..8 {
+        moved += r.step(&template).moved_bytes;
+    }
+    let s = r.a.stats();
+    assert!(moved > 0, "nothing moved at the install: {s:?}");
+    assert!(s.plan_hits > 0);
+    r.finish();
+}
+
+#[test]
+fn stable_addresses_never_move() {
+    let template = always_live_step();
+    let mut r = Run::new("planned", 4 * GIB);
+    r.a.set_stable_addresses(true);
+    let mut hits = 0;
+    for _ in 0..8 {
+        let addrs: Vec<(TensorId, u64)> = r.live.iter().map(|(l, _)| (l.id, r.a.address(l.id).unwrap())).collect();
+        let d = r.step(&template);
+        hits += d.plan_hits;
+        assert_eq!(d.moved_bytes, 0);
+        for (id, addr) in addrs {
+            if let Ok(now) = r.a.address(id) {
+                assert_eq!(now, addr, "a tensor moved with stable addresses");
+            }
+        }
+    }
+    assert!(hits > 0);
+    r.finish();
+}
+
+#[test]
+fn several_kinds_of_steps_have_their_plans() {
+    let a = training_step(4, 2 * MIB);
+    let b = training_step(5, 3 * MIB); // another first request, another plan
+    let mut r = Run::new("planned", 4 * GIB);
+    let mut late = Stats::default();
+    for i in 0..16 {
+        let d = r.step(if i % 4 < 2 { &a } else { &b });
+        if i >= 12 {
+            late.plan_hits += d.plan_hits;
+            late.plan_misses += d.plan_misses;
+            late.device_alloc_calls += d.device_alloc_calls;
+        }
+    }
+    assert!(r.a.stats().plans >= 2);
+    // A step of one kind after one of the other finds the other's end-live
+    // tensors where its own plan expects its own: those few requests miss.
+    let total = (2 * a.len() + 2 * b.len()) as u64;
+    assert_eq!(late.plan_hits + late.plan_misses, total, "{late:?}");
+    assert!(late.plan_misses * 20 <= total, "{late:?}");
+    assert_eq!(late.device_alloc_calls, 0, "{late:?}");
+    r.finish();
+}
+
+#[test]
+fn under_pressure_the_arena_is_given_back_or_used() {
+    // Learn a step, then run a different one that only fits if the idle
+    // arena's memory is used.
+    let learned = training_step(6, 4 * MIB);
+    let mut probe = Run::new("defrag", 4 * GIB);
+    for _ in 0..4 {
+        probe.step(&learned);
+    }
+    let other: Vec<Req> = training_step(6, 4 * MIB + 512 * KIB);
+    for _ in 0..2 {
+        probe.step(&other);
+    }
+    let need = probe.a.stats().bytes.peak_reserved_bytes;
+    let cap = (need + need / 8).div_ceil(2 * MIB) * 2 * MIB;
+    let mut r = Run::new("planned", cap);
+    for _ in 0..5 {
+        r.step(&learned);
+    }
+    assert!(r.a.stats().plan_arena_bytes > 0);
+    for _ in 0..4 {
+        r.step(&other);
+    }
+    assert_eq!(r.ooms, 0, "planned ran out of memory where defrag fits: {:?}", r.a.stats());
+    r.finish();
+}
+
+/// A planner that answers `kind`-wrongly, or fails.
+struct Hostile(&'static str);
+
+impl PlannerPolicy for Hostile {
+    fn name(&self) -> &str {
+        self.0
+    }
+    fn plan(&mut self, profile: &StepProfile, ctx: &PolicyContext) -> Result<Plan, PolicyError> {
+        let n = profile.requests.len();
+        let all = |off: u64| (0..n).map(|_| Some(off)).collect::<Vec<_>>();
+        let big = profile.requests.iter().map(|r| r.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN).sum::<u64>();
+        match self.0 {
+            "overlap" => Ok(Plan { arena_bytes: big, offsets: all(0) }),
+            "outside" => Ok(Plan { arena_bytes: PLAN_ALIGN, offsets: all(1 << 20) }),
+            "unaligned" => Ok(Plan { arena_bytes: big + 4096, offsets: all(7) }),
+            "too-large" => Ok(Plan { arena_bytes: ctx.capacity_bytes * 2, offsets: vec![None; n] }),
+            "wrong-length" => Ok(Plan { arena_bytes: big, offsets: vec![Some(0)] }),
+            "trap" => Err(PolicyError::Trap("unreachable".into())),
+            "deadline" => Err(PolicyError::Deadline),
+            _ => unreachable!(),
+        }
+    }
+}
+
+#[test]
+fn hostile_planners_are_refused_and_counted() {
+    let template = training_step(4, 2 * MIB);
+    for name in ["overlap", "outside", "unaligned", "too-large", "wrong-length", "trap", "deadline"] {
+        let mut r = Run::with_planner(2 * GIB, Box::new(Hostile(name)));
+        let mut reference = Run::new("defrag", 2 * GIB);
+        for _ in 0..5 {
+            r.step(&template);
+            reference.step(&template);
+        }
+        let s = r.a.stats();
+        assert_eq!(s.plans, 0, "{name}: a plan was accepted");
+        assert_eq!(s.plan_hits, 0, "{name}");
+        assert_eq!(s.plan_arena_bytes, 0, "{name}: an arena was held");
+        assert!(s.plan_refused >= 1, "{name}: refusals not counted: {s:?}");
+        let h = r.a.planner_health().unwrap();
+        assert!(h.last_error.is_some(), "{name}: no error recorded");
+        // The run went on exactly as the dynamic path alone.
+        assert_eq!(s.bytes.peak_reserved_bytes, reference.a.stats().bytes.peak_reserved_bytes, "{name}");
+        assert_eq!(r.ooms, 0);
+        r.finish();
+    }
+}
+
+#[test]
+fn a_failing_planner_is_disabled_after_repeated_failures() {
+    let template = training_step(3, MIB);
+    let mut r = Run::with_planner(GIB, Box::new(Hostile("trap")));
+    for _ in 0..40 {
+        r.step(&template);
+    }
+    let h = r.a.planner_health().unwrap();
+    assert!(h.disabled, "{h:?}");
+    let refused = r.a.stats().plan_refused;
+    r.step(&template);
+    assert_eq!(r.a.stats().plan_refused, refused, "a disabled planner was still called");
+    r.finish();
+}
+
+fn dev_strategy(n: usize) -> impl Strategy<Value = Dev> {
+    prop_oneof![
+        (0..n, 1u64..(2 * MIB)).prop_map(|(at, bytes)| Dev::Extra { at, bytes }),
+        (0..n).prop_map(Dev::Skip),
+        (0..n, 1u64..(512 * KIB)).prop_map(|(at, delta)| Dev::Resize { at, delta }),
+        (0..n).prop_map(Dev::Swap),
+        (0..n, -4i64..5).prop_map(|(at, by)| Dev::Shift { at, by }),
+    ]
+}
+
+fn template_strategy() -> impl Strategy<Value = Vec<Req>> {
+    prop::collection::vec((1u64..(3 * MIB), 0usize..4, 1usize..12), 4..28).prop_map(|v| {
+        let n = v.len();
+        v.into_iter()
+            .enumerate()
+            .map(|(k, (bytes, kind, life))| {
+                let kind = [TensorKind::Activation, TensorKind::Temp, TensorKind::Grad, TensorKind::Other][kind];
+                // Freed `life` requests later; past the end: in the next
+                // step, before this request comes again.
+                let free_at = (k + life).min(n + k);
+                Req { bytes, kind, free_at }
+            })
+            .collect()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    #[test]
+    fn deviations_never_corrupt_or_add_ooms(
+        template in template_strategy(),
+        devs in prop::collection::vec(prop::collection::vec(dev_strategy(28), 0..4), 6..12),
+    ) {
+        let steps: Vec<Vec<Req>> = devs.iter().enumerate()
+            // Every other step is the template itself, so that plans are learned and used.
+            .map(|(i, d)| if i % 2 == 0 && i > 0 { template.clone() } else { ops(&template, d) })
+            .collect();
+        // How much the dynamic path alone needs.
+        let mut reference = Run::new("defrag", 8 * GIB);
+        reference.check_each = false;
+        for s in &steps {
+            reference.step(s);
+        }
+        let need = reference.a.stats().bytes.peak_reserved_bytes;
+        let cap = (need + need / 4).div_ceil(2 * MIB) * 2 * MIB + 8 * MIB;
+        let mut r = Run::new("planned", cap);
+        for s in &steps {
+            r.step(s);
+        }
+        prop_assert_eq!(r.ooms, 0, "OOM at {} bytes where defrag needs {}: {:?}", cap, need, r.a.stats());
+        r.finish();
+    }
+}
