@@ -74,7 +74,7 @@ impl Memo {
         if i == self.dense {
             self.dense += 1;
         }
-        let first_in_chunk = i % CHUNK == 0 && i + 1 == self.dense;
+        let first_in_chunk = i.is_multiple_of(CHUNK) && i + 1 == self.dense;
         match &mut self.chunks[c] {
             Chunk::Same(u) if *u == v => {}
             Chunk::Same(u) if first_in_chunk => *u = v,
