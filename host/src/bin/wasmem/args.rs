@@ -56,6 +56,27 @@ pub enum Command {
         #[arg(long, value_name = "EVENT:POLICY", value_parser = parse_swap)]
         swap_at: Option<(u64, String)>,
     },
+    /// Plan each workload as a whole, knowing every lifetime in advance (the
+    /// offline bound of planned placement, like `belady` for eviction): the
+    /// smallest arena the planner finds, against the peak of live bytes.
+    Plan {
+        /// Trace files (trace v1 `.jsonl` or `.jsonl.gz`) or PyTorch memory
+        /// snapshots (`.pickle`); `-` reads standard input.
+        traces: Vec<PathBuf>,
+        /// Also plan a synthesized workload of this preset (repeat; see `wasmem synth`).
+        #[arg(long = "synth")]
+        synth: Vec<String>,
+        /// The policy whose planner plans (a built-in with a planner, `planned`,
+        /// or a part that exports the `planner` interface).
+        #[arg(long, default_value = "planned")]
+        policy: String,
+        /// Print one JSON object per workload instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Per-call deadline of a WebAssembly planner, in milliseconds.
+        #[arg(long, default_value_t = 60_000.0)]
+        deadline_ms: f64,
+    },
     /// Work with WebAssembly policy components.
     Policy {
         #[command(subcommand)]

@@ -93,6 +93,30 @@ fn workloads(common: &Common) -> Result<Vec<Workload>> {
     sources.iter().map(|s| Ok(Workload::open_with(s, &opts)?)).collect()
 }
 
+/// `wasmem plan`: the offline planning bound of each workload.
+fn plan(traces: Vec<std::path::PathBuf>, synth: Vec<String>, policy: &str, json: bool, deadline_ms: f64) -> Result<()> {
+    let rt = runtime(deadline_ms)?;
+    let resolved = wasmem::spec::resolve(policy, rt).with_context(|| format!("--policy {policy}"))?;
+    let Some(mut planner) = resolved.planner else {
+        bail!("--policy {policy} has no planner: give `planned` or a part that exports the `planner` interface");
+    };
+    let sources: Vec<Source> =
+        traces.into_iter().map(Source::File).chain(synth.into_iter().map(Source::Synth)).collect();
+    if sources.is_empty() {
+        bail!("give at least one trace file or --synth PRESET");
+    }
+    for s in &sources {
+        let w = Workload::open(s)?;
+        let p = wasmem::plan::plan_offline(&w, planner.as_mut())?;
+        if json {
+            outln!("{}", report::plan_json(&p));
+        } else {
+            out!("{}", report::plan_text(&p));
+        }
+    }
+    Ok(())
+}
+
 /// The replay options every run of a command shares.
 fn replay_options(common: &Common) -> Result<ReplayOptions> {
     let device = match common.device {
@@ -330,6 +354,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Policy { cmd } => policy::run(cmd),
         cmd @ Command::Synth { .. } => synth(cmd),
         Command::Train(t) => train(t),
+        Command::Plan { traces, synth, policy, json, deadline_ms } => plan(traces, synth, &policy, json, deadline_ms),
         Command::Ctl { socket, cmd } => ctl(socket, cmd),
     }
 }

@@ -168,11 +168,11 @@ fn peak_live(events: impl Iterator<Item = Event>) -> u64 {
     peak
 }
 
-/// What one recorded replay gives: the calls, their outcomes, the metrics and
-/// the engine's pool names.
+/// What one recorded replay gives: its calls, their outcomes, its metrics
+/// and the engine's pool names.
 type Recorded = (Vec<Call>, Vec<CallOutcome>, Metrics, Vec<String>);
 
-/// One replay of `w` with `p` recording ([`Recorded`]) or why not.
+/// One replay of `w` with `p` recording, or why not.
 fn run(w: &Workload, p: &WasmPolicy, cfg: &ReplayConfig) -> Result<Recorded, String> {
     let log: Log = Arc::default();
     let events = w.events().map_err(|e| e.to_string())?;
