@@ -371,6 +371,12 @@ pub struct Common {
     /// parallel and share the cores.
     #[arg(long, default_value_t = 50.0)]
     pub deadline_ms: f64,
+    /// Parse trace files every time instead of using the trace cache
+    /// (binary copies of parsed traces of 1 MiB and more, under
+    /// $WASMEM_CACHE_DIR/traces, else $XDG_CACHE_HOME/wasmem/traces, else
+    /// ~/.cache/wasmem/traces).
+    #[arg(long)]
+    pub no_trace_cache: bool,
     #[command(flatten)]
     pub tiers: TierArgs,
 }

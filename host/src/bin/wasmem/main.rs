@@ -22,7 +22,7 @@ use wasmem::session::{self, DeviceChoice, ReplayOptions, ReplayOutcome};
 use wasmem::spec::Loader;
 use wasmem::trace::TraceHeader;
 use wasmem::train::session::{StepFlow, TrainOptions, TrainSession};
-use wasmem::workload::{Source, Workload};
+use wasmem::workload::{Source, TraceOptions, Workload};
 
 /// Standard output was closed by its reader (`wasmem … | head`): the
 /// program ends quietly.
@@ -86,7 +86,11 @@ fn workloads(common: &Common) -> Result<Vec<Workload>> {
     if sources.is_empty() {
         bail!("give at least one trace file or --synth PRESET");
     }
-    sources.iter().map(|s| Ok(Workload::open(s)?)).collect()
+    let mut opts = TraceOptions::default();
+    if common.no_trace_cache {
+        opts.cache = None;
+    }
+    sources.iter().map(|s| Ok(Workload::open_with(s, &opts)?)).collect()
 }
 
 /// `wasmem plan`: the offline planning bound of each workload.
@@ -186,6 +190,10 @@ fn compare(
         swap: swap_at.clone(),
         ..replay_options(&common)?
     };
+    if policies.len() > 1 {
+        // One parse per trace file, then every run reads the cache entry.
+        ins.par_iter().try_for_each(|w| w.fill_cache().map(|_| ()))?;
+    }
     let pairs: Vec<(usize, usize)> = (0..ins.len()).flat_map(|t| (0..policies.len()).map(move |p| (t, p))).collect();
     let results: Vec<Result<ReplayOutcome, session::SessionError>> =
         pairs.par_iter().map(|&(t, p)| session::run(&ins[t], &policies[p], &opts, rt, &|_| {})).collect();
