@@ -168,7 +168,8 @@ fn peak_live(events: impl Iterator<Item = Event>) -> u64 {
     peak
 }
 
-/// What one recorded replay gives: its calls, their outcomes, its metrics and the engine's pool names.
+/// What one recorded replay gives: its calls, their outcomes, its metrics
+/// and the engine's pool names.
 type Recorded = (Vec<Call>, Vec<CallOutcome>, Metrics, Vec<String>);
 
 /// One replay of `w` with `p` recording, or why not.
