@@ -349,3 +349,83 @@ impl DeviceState {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Backend;
+    use wasmem::device::sim::SimConfig;
+    use wasmem::shadow::Shadow;
+    use wasmem::spec::{resolve, Builtins};
+
+    const MIB: u64 = 1 << 20;
+
+    fn device(policy: &str, shadow: Option<&str>) -> DeviceState {
+        let engine =
+            crate::engine::open(Backend::Sim { capacity: 256 * MIB }, 0, resolve(policy, &Builtins).unwrap()).unwrap();
+        let shadow = shadow.map(|s| {
+            let cfg = SimConfig { capacity: 256 * MIB, ..SimConfig::default() };
+            ShadowHandle::new(Shadow::from_resolved(s, resolve(s, &Builtins).unwrap(), cfg))
+        });
+        DeviceState::new(0, engine, shadow, true)
+    }
+
+    fn kinds(d: &DeviceState) -> Vec<TensorKind> {
+        d.trace()
+            .unwrap()
+            .events()
+            .iter()
+            .filter_map(|e| match *e {
+                Event::Alloc { kind, .. } => Some(kind),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn kinds_retags_phases_and_the_shadow_are_consistent() {
+        let mut d = device("lifecycle", Some("pytorch"));
+        let a = d.malloc(1000, TensorKind::Param, 0).unwrap();
+        let b = d.malloc(3 * MIB, TensorKind::Temp, 0x77).unwrap();
+        d.check().unwrap();
+        assert!(d.retag(b, TensorKind::Activation).unwrap());
+        assert!(!d.retag(0x1000, TensorKind::Grad).unwrap(), "a foreign pointer changes nothing");
+        d.phase(Phase::Forward, 3).unwrap();
+        d.free(b, 0).unwrap();
+        assert!(d.free(b, 0).is_err(), "a second free is refused");
+        d.check().unwrap();
+        assert_eq!(kinds(&d), [TensorKind::Param, TensorKind::Activation]);
+        let s = d.stats_json();
+        assert_eq!(s["requested_bytes"], 1000);
+        assert_eq!(s["peak_requested_bytes"], 1000 + 3 * MIB);
+        assert_eq!(s["allocated_bytes_total"].as_u64().unwrap() - s["freed_bytes_total"].as_u64().unwrap(), 1024);
+        assert_eq!(s["streams"], 2);
+        assert_eq!(s["shadow"]["label"], "pytorch");
+        assert_eq!(s["shadow"]["metrics"]["allocs"], 2, "the shadow saw both allocations");
+        assert_eq!(s["shadow"]["metrics"]["frees"], 1);
+        let _ = a;
+    }
+
+    #[test]
+    fn empty_cache_peaks_and_snapshot_history() {
+        let mut d = device("lifecycle", None);
+        d.record_history(4);
+        let ptrs: Vec<u64> = (1..=6).map(|i| d.malloc(i * MIB, TensorKind::Temp, 0).unwrap()).collect();
+        for (i, &p) in ptrs.iter().enumerate().skip(1) {
+            d.free(p, ((i + 1) as u64 * MIB) as isize).unwrap();
+        }
+        let before = d.engine().stats();
+        let released = d.release_cached().unwrap();
+        let after = d.engine().stats();
+        assert_eq!(released, before.bytes.reserved_bytes - after.bytes.reserved_bytes);
+        assert!(released > 0 && after.bytes.reserved_bytes >= after.bytes.allocated_bytes);
+        d.reset_peaks();
+        let s = d.stats_json();
+        assert_eq!(s["peak_reserved_bytes"], s["reserved_bytes"]);
+        assert_eq!(s["peak_requested_bytes"], s["requested_bytes"]);
+        let snap = d.snapshot().unwrap();
+        assert!(!snap.is_empty());
+        d.check().unwrap();
+        assert!(d.stats_json()["history_entries"].as_u64().unwrap() <= 4, "the history is bounded");
+    }
+}
