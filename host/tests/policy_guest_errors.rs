@@ -73,9 +73,13 @@ fn big(bytes: u64) -> AllocRequest {
 #[test]
 fn python_exceptions_arrive_with_their_text() {
     let path = need!(python_raiser());
-    // The default 1 ms deadline; a failure grace long enough for a loaded
-    // machine to print the traceback (the default is 100 ms).
-    let limits = Limits { failure_grace: Duration::from_secs(5), ..Limits::default() };
+    // A deadline and a failure grace long enough for a loaded machine to
+    // run the call and print the traceback (what is tested is the text).
+    let limits = Limits {
+        deadline: Some(Duration::from_millis(500)),
+        failure_grace: Duration::from_secs(5),
+        ..Limits::default()
+    };
     let rt = common::runtime_with(limits.clone(), "guest-errors");
     let loaded = rt.load(&path).unwrap_or_else(|e| panic!("{e}"));
     // Guarded (the generated template's decorator): the exception is logged
@@ -122,7 +126,11 @@ fn python_exceptions_arrive_with_their_text() {
 #[test]
 fn javascript_exceptions_arrive_with_their_text() {
     let path = need!(js_raiser());
-    let rt = common::runtime_with(Limits::default(), "guest-errors");
+    // A deadline a loaded machine meets (what is tested is the text).
+    let rt = common::runtime_with(
+        Limits { deadline: Some(Duration::from_millis(500)), ..Limits::default() },
+        "guest-errors",
+    );
     let p = rt.load(&path).unwrap_or_else(|e| panic!("{e}")).instantiate("").unwrap_or_else(|e| panic!("{e}"));
     let cand = |i: u32| EvictionCandidate {
         id: TensorId { slot: i, generation: 0 },
