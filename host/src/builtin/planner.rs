@@ -9,170 +9,23 @@
 //! is the highest end. Requests whose end of life in the step's cycle is not
 //! known are left to the dynamic path.
 //!
-//! Finding the placed blocks that overlap a lifetime `[a, e)`: those that
-//! cover time `a` (a segment tree over time whose nodes hold the blocks that
-//! cover them: the blocks on the root-to-leaf path of `a`) and those that
-//! start in `(a, e)` (a list of placed blocks by start time). The cost is
-//! O(log n) per placement plus the overlapping blocks it looks at.
+//! The algorithm itself is `wasmem_plan_core::greedy_by_size` (a crate of
+//! its own, without dependencies), which the policy SDK's default planner
+//! calls too: the shipped `greedy-planner` component plans exactly as this
+//! one, plan for plan.
 
-use crate::decision::{Plan, PlanRequest, PlannerPolicy, PolicyContext, PolicyError, StepProfile};
+use crate::decision::{Plan, PlannerPolicy, PolicyContext, PolicyError, StepProfile};
 
 /// Greedy-by-size best-fit planner (see the module documentation).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GreedyPlanner;
 
-/// A placed piece of a lifetime: its time interval and its block.
-#[derive(Debug, Clone, Copy)]
-struct Piece {
-    item: u32,
-    t0: u32,
-    t1: u32,
-}
-
-/// Placed blocks, queryable by lifetime overlap.
-struct Placed {
-    /// Size of the time axis (a power of two ≥ the step's requests).
-    width: u32,
-    /// Segment tree over time: node → pieces that cover its whole range.
-    nodes: Vec<Vec<u32>>,
-    /// Pieces by start time.
-    starts: Vec<Vec<u32>>,
-    pieces: Vec<Piece>,
-    /// Per item: (offset, end) once placed.
-    blocks: Vec<(u64, u64)>,
-    /// Per item: the query stamp that last saw it (deduplication).
-    seen: Vec<u32>,
-    stamp: u32,
-}
-
-impl Placed {
-    fn new(n: u32, items: usize) -> Self {
-        let width = n.max(1).next_power_of_two();
-        Placed {
-            width,
-            nodes: vec![Vec::new(); 2 * width as usize],
-            starts: vec![Vec::new(); width as usize + 1],
-            pieces: Vec::new(),
-            blocks: vec![(0, 0); items],
-            seen: vec![0; items],
-            stamp: 0,
-        }
-    }
-
-    /// Registers `[t0, t1)` of `item` in the canonical nodes covering it.
-    fn insert(&mut self, item: u32, t0: u32, t1: u32) {
-        let id = self.pieces.len() as u32;
-        self.pieces.push(Piece { item, t0, t1 });
-        self.starts[t0 as usize].push(id);
-        let (mut lo, mut hi) = (t0 + self.width, t1 + self.width);
-        while lo < hi {
-            if lo & 1 == 1 {
-                self.nodes[lo as usize].push(id);
-                lo += 1;
-            }
-            if hi & 1 == 1 {
-                hi -= 1;
-                self.nodes[hi as usize].push(id);
-            }
-            lo >>= 1;
-            hi >>= 1;
-        }
-    }
-
-    /// Calls `f` with the block of every placed item with a piece
-    /// overlapping `[a, e)` (each item once per `begin_query`).
-    fn overlapping(&mut self, a: u32, e: u32, out: &mut Vec<(u64, u64)>) {
-        let mut visit = |placed: &mut Placed, id: u32| {
-            let p = placed.pieces[id as usize];
-            if p.t0 < e && a < p.t1 && placed.seen[p.item as usize] != placed.stamp {
-                placed.seen[p.item as usize] = placed.stamp;
-                out.push(placed.blocks[p.item as usize]);
-            }
-        };
-        // Pieces covering time `a`.
-        let mut node = (a + self.width) as usize;
-        while node >= 1 {
-            for i in 0..self.nodes[node].len() {
-                let id = self.nodes[node][i];
-                visit(self, id);
-            }
-            node >>= 1;
-        }
-        // Pieces starting in (a, e).
-        for t in (a + 1)..e.min(self.width + 1) {
-            for i in 0..self.starts[t as usize].len() {
-                let id = self.starts[t as usize][i];
-                visit(self, id);
-            }
-        }
-    }
-
-    fn begin_query(&mut self) {
-        self.stamp = self.stamp.wrapping_add(1);
-        if self.stamp == 0 {
-            self.seen.iter_mut().for_each(|s| *s = 0);
-            self.stamp = 1;
-        }
-    }
-}
-
-/// The lowest offset of the smallest gap of at least `size` bytes between
-/// the (possibly overlapping) blocks `occupied`, or above them all.
-fn best_fit(occupied: &mut [(u64, u64)], size: u64) -> u64 {
-    occupied.sort_unstable();
-    let mut best: Option<(u64, u64)> = None; // (gap, offset)
-    let mut top = 0u64;
-    for &(off, end) in occupied.iter() {
-        if off > top {
-            let gap = off - top;
-            if gap >= size && best.is_none_or(|(g, _)| gap < g) {
-                best = Some((gap, top));
-            }
-        }
-        top = top.max(end);
-    }
-    best.map_or(top, |(_, off)| off)
-}
-
 impl GreedyPlanner {
     /// The plan of `profile` (see the module documentation).
     pub fn plan_profile(profile: &StepProfile) -> Plan {
-        let reqs: &[PlanRequest] = &profile.requests;
-        let n = reqs.len() as u32;
-        let mut order: Vec<u32> = (0..n).filter(|&k| reqs[k as usize].plannable(k)).collect();
-        let life = |k: u32| -> u64 {
-            let (iv, m) = reqs[k as usize].intervals(k, n);
-            iv[..m].iter().map(|&(a, b)| u64::from(b.saturating_sub(a))).sum()
-        };
-        order.sort_unstable_by_key(|&k| {
-            (std::cmp::Reverse(reqs[k as usize].planned_bytes()), std::cmp::Reverse(life(k)), k)
-        });
-        let mut placed = Placed::new(n, reqs.len());
-        let mut offsets = vec![None; reqs.len()];
-        let mut arena = 0u64;
-        let mut occupied = Vec::new();
-        for k in order {
-            let r = &reqs[k as usize];
-            let size = r.planned_bytes();
-            let (iv, m) = r.intervals(k, n);
-            placed.begin_query();
-            occupied.clear();
-            for &(a, e) in &iv[..m] {
-                if a < e {
-                    placed.overlapping(a, e, &mut occupied);
-                }
-            }
-            let off = best_fit(&mut occupied, size);
-            placed.blocks[k as usize] = (off, off + size);
-            for &(a, e) in &iv[..m] {
-                if a < e {
-                    placed.insert(k, a, e);
-                }
-            }
-            offsets[k as usize] = Some(off);
-            arena = arena.max(off + size);
-        }
-        Plan { arena_bytes: arena, offsets }
+        let requests: Vec<wasmem_plan_core::Request> = profile.requests.iter().map(|r| r.core()).collect();
+        let p = wasmem_plan_core::greedy_by_size(&requests);
+        Plan { arena_bytes: p.arena_bytes, offsets: p.offsets }
     }
 }
 
