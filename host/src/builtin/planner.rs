@@ -42,7 +42,7 @@ impl PlannerPolicy for GreedyPlanner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::validate_plan;
+    use crate::decision::{validate_plan, PlanRequest};
     use crate::types::{StreamId, TensorKind};
 
     fn req(bytes: u64, freed_at: Option<u32>, wraps_to: Option<u32>) -> PlanRequest {

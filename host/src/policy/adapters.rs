@@ -11,7 +11,7 @@
 //!
 //! A planning call gets the decision deadline plus
 //! [`Limits::deadline_per_plan_request`](super::Limits::deadline_per_plan_request)
-//! per request of the profile (1 ms + 10 µs × n by default: 501 ms for a
+//! per request of the profile (1 ms + 25 µs × n by default: 1.251 s for a
 //! step of 50,000 requests), and fuel scaled alike; the memory cap is the
 //! instance's. A trap, a limit, or the planner's own error (`Err(text)`,
 //! [`PolicyError::Refused`]) is a [`PolicyError`]: the engine counts the
@@ -139,7 +139,7 @@ impl PlacementPolicy for WasmPlacement {
 
 /// The reclamation role of a WebAssembly policy.
 ///
-/// A 0.2.0 component is asked `plan`, whose compaction, stitching and
+/// A component of 0.2.0 or later is asked `plan`, whose compaction, stitching and
 /// trimming reach the engine, and `paged-segments` (once, after `init`); a
 /// 0.1.0 component is asked `reclaim`, and its decisions never use those
 /// mechanisms.

@@ -108,8 +108,10 @@ impl Instance {
         data.output_mark = data.output.written();
         data.grace_ticks = grace;
         match (self.relaxed_ticks, kind) {
-            (Some(ticks), CallKind::Decision | CallKind::Eviction(_) | CallKind::Planning(_)) => {
-                self.store.set_epoch_deadline(ticks)
+            (Some(ticks), CallKind::Decision | CallKind::Eviction(_)) => self.store.set_epoch_deadline(ticks),
+            (Some(ticks), CallKind::Planning(n)) => {
+                let scale = planning_scale(&self.loaded.inner.runtime.inner.config.limits, n);
+                self.store.set_epoch_deadline(ticks.saturating_mul(scale))
             }
             _ => arm(&mut self.store, &self.loaded.inner.runtime, kind),
         }
@@ -189,12 +191,12 @@ fn arm(store: &mut Store<HostState>, runtime: &super::Runtime, kind: CallKind) {
 
 /// How many decision calls' worth of time (and fuel) a planning call over
 /// `n` requests gets: `(deadline + n × per-request allowance) / deadline`,
-/// rounded up (1 + n / 100 without a deadline: 10 µs per request of 1 ms).
+/// rounded up (1 + n / 40 without a deadline: 25 µs per request of 1 ms).
 fn planning_scale(limits: &super::Limits, n: usize) -> u64 {
     let per = limits.deadline_per_plan_request.as_nanos().saturating_mul(n as u128);
     let scale = match limits.deadline {
         Some(d) if d.as_nanos() > 0 => (d.as_nanos().saturating_add(per)).div_ceil(d.as_nanos()),
-        _ => 1 + n as u128 / 100,
+        _ => 1 + n as u128 / 40,
     };
     u64::try_from(scale).unwrap_or(u64::MAX)
 }
