@@ -232,10 +232,12 @@ fn the_python_planner_makes_valid_plans() {
 fn hostile_planners_are_refused_and_counted() {
     let path = need!(common::hostile_planner());
     let relaxed = common::relaxed_runtime();
-    // Deadline and memory modes under tighter limits, so that they fail fast.
-    let tight = common::runtime_with(
-        Limits { deadline: Some(Duration::from_millis(20)), max_memory: 16 << 20, ..Limits::default() },
-        "planner-tight",
+    // The deadline mode under a short deadline, the memory mode under a small cap.
+    let tight =
+        common::runtime_with(Limits { deadline: Some(Duration::from_millis(20)), ..Limits::default() }, "planner-tight");
+    let small = common::runtime_with(
+        Limits { deadline: Some(Duration::from_secs(5)), max_memory: 16 << 20, ..Limits::default() },
+        "planner-mem16",
     );
     let (_, events) = workloads().swap_remove(0);
     let reference = metrics(&replay_spec(&relaxed, "defrag", &events, 80 * GIB));
@@ -248,7 +250,7 @@ fn hostile_planners_are_refused_and_counted() {
         ("refuse", &relaxed, "hostile planner refuses a profile"),
         ("trap", &relaxed, "hostile planner traps on a profile"),
         ("deadline", &tight, "deadline exceeded"),
-        ("grow", &tight, "memory limit exceeded"),
+        ("grow", &small, "memory limit exceeded"),
     ] {
         let r = replay_spec(rt, &format!("{}?mode={mode}+defrag", path.display()), &events, 80 * GIB);
         let h = r.allocator.planner_health().expect("planning is on").clone();

@@ -528,7 +528,39 @@ pub fn check_with(rt: &Runtime, path: &Path, opts: &CheckOptions) -> Verdict {
     let pools = a.pools().to_vec();
     let known = |n: &str| n == "small" || n == "large" || pools.iter().any(|p| p.name == n);
     validity(&mut v, &a, &calls, &oa, &known, "");
+    if calls.is_empty() {
+        // A planner alone: its own suite below checks determinism and state.
+        v.push("determinism: same inputs, same outputs", Outcome::Skip, "no decision role");
+    } else {
+        decision_determinism_and_state(&mut v, rt, &loaded, opts, &calls, (&oa, &ob), (sa, sb), half);
+    }
+    cost(&mut v, rt, &calls, &oa, &ob);
+    if a.exports_planner() {
+        let profiles = planner::fuzzed_profiles(opts.profiles(), opts.seed);
+        let half = profiles.len() / 2;
+        let mut pa = planner::run(&a, &profiles[..half]);
+        let state = a.save_state();
+        pa.extend(planner::run(&a, &profiles[half..]));
+        let pb = planner::run(&b, &profiles);
+        let halfway = planner::Halfway { loaded: &loaded, config: &opts.config, state };
+        planner::judge(&mut v, rt, Some(halfway), &pa, &pb, "");
+    }
+    sandbox(&mut v, &[&a, &b]);
+    v
+}
 
+/// The determinism and state items of the decision roles' calls.
+#[allow(clippy::too_many_arguments)]
+fn decision_determinism_and_state(
+    v: &mut Verdict,
+    rt: &Runtime,
+    loaded: &Loaded,
+    opts: &CheckOptions,
+    calls: &[Call],
+    (oa, ob): (&[CallOutcome], &[CallOutcome]),
+    (sa, sb): (Result<Vec<u8>, crate::decision::PolicyError>, Result<Vec<u8>, crate::decision::PolicyError>),
+    half: usize,
+) {
     // Determinism: the second instance, the same calls.
     match first_difference(&calls, (A, &oa), (B, &ob), 0) {
         None => v.push(
@@ -597,17 +629,5 @@ pub fn check_with(rt: &Runtime, path: &Path, opts: &CheckOptions) -> Verdict {
             }
         }
     }
-    cost(&mut v, rt, &calls, &oa, &ob);
-    if a.exports_planner() {
-        let profiles = planner::fuzzed_profiles(opts.profiles(), opts.seed);
-        let half = profiles.len() / 2;
-        let mut pa = planner::run(&a, &profiles[..half]);
-        let state = a.save_state();
-        pa.extend(planner::run(&a, &profiles[half..]));
-        let pb = planner::run(&b, &profiles);
-        let halfway = planner::Halfway { loaded: &loaded, config: &opts.config, state };
-        planner::judge(&mut v, rt, Some(halfway), &pa, &pb, "");
-    }
-    sandbox(&mut v, &[&a, &b]);
-    v
 }
+

@@ -61,7 +61,12 @@ impl Planner for HostilePlanner {
     fn plan(&mut self, profile: &StepProfile) -> Result<ArenaPlan, String> {
         let n = profile.requests.len();
         let total: u64 = profile.requests.iter().map(defaults::planned_bytes).sum();
-        let all = |off: u64| vec![Some(off); n];
+        // Only the requests the engine lets a plan cover, so that the one
+        // fault of each mode is what the engine finds.
+        let all = |off: u64| -> Vec<Option<u64>> {
+            let known = |(k, r)| defaults::plannable(r, k as u32).then_some(off);
+            profile.requests.iter().enumerate().map(known).collect()
+        };
         let good = defaults::greedy_plan(profile);
         Ok(match self.mode.as_str() {
             "overlap" => ArenaPlan { arena_bytes: total, offsets: all(0) },
