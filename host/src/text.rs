@@ -58,7 +58,6 @@ pub fn message(s: &str) -> String {
     sanitize(s, MAX_MESSAGE_CHARS)
 }
 
-
 /// A guest's console output or log line made safe to log and bounded, for
 /// text whose escapes are decoration (colours, titles), not content: ANSI escape sequences (CSI `ESC [ …
 /// final`, OSC `ESC ] … BEL|ESC \`, and two-byte `ESC x`) removed, other

@@ -176,7 +176,9 @@ fn a_planner_is_checked_on_fuzzed_profiles_and_hostile_plans_fail() {
     println!("{v}");
     common::assert_conformant(&v);
     assert!(v.planner && v.roles.is_empty() && v.to_string().contains("roles: planner (wasmem:policy@0.3.0)"), "{v}");
-    for item in ["planner: valid plans", "planner: determinism", "planner: a restored instance continues like the original"] {
+    for item in
+        ["planner: valid plans", "planner: determinism", "planner: a restored instance continues like the original"]
+    {
         assert_eq!(v.item(item).map(|i| i.outcome), Some(Outcome::Pass), "{item}: {v}");
     }
     let c = v.planner_cost.as_ref().unwrap();

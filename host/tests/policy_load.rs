@@ -71,7 +71,9 @@ fn wrong_wit_version_is_refused_with_policy_and_cause() {
     assert!(matches!(err, LoadError::WrongVersion { .. }), "{err:?}");
     let msg = err.to_string();
     assert!(
-        msg.contains("`future`") && msg.contains("wasmem:policy/placement@9.0.0") && msg.contains("0.1.0, 0.2.0 or 0.3.0"),
+        msg.contains("`future`")
+            && msg.contains("wasmem:policy/placement@9.0.0")
+            && msg.contains("0.1.0, 0.2.0 or 0.3.0"),
         "{msg}"
     );
 }

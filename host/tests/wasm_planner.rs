@@ -37,11 +37,8 @@ use wasmem::workload::{Source, Workload};
 fn traces() -> Vec<PathBuf> {
     let dir = common::repo().join("../shared/traces");
     let dir = if dir.is_dir() { dir } else { PathBuf::from("/work/shared/traces") };
-    let found: Vec<PathBuf> = ["gpt2_124m.jsonl.gz", "bert_base.jsonl.gz"]
-        .iter()
-        .map(|f| dir.join(f))
-        .filter(|p| p.is_file())
-        .collect();
+    let found: Vec<PathBuf> =
+        ["gpt2_124m.jsonl.gz", "bert_base.jsonl.gz"].iter().map(|f| dir.join(f)).filter(|p| p.is_file()).collect();
     if found.is_empty() {
         eprintln!("SKIP: no shared traces in {}", dir.display());
     }
@@ -66,8 +63,9 @@ impl PlannerPolicy for Recording {
 fn trace_profiles(trace: &Path) -> Vec<StepProfile> {
     let w = Workload::open(&Source::File(trace.to_path_buf())).unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
-    let mut a = Allocator::with_builtin(SimDevice::new(SimConfig { capacity: 80 * GIB, ..SimConfig::default() }), "planned")
-        .unwrap();
+    let mut a =
+        Allocator::with_builtin(SimDevice::new(SimConfig { capacity: 80 * GIB, ..SimConfig::default() }), "planned")
+            .unwrap();
     a.set_planner(Some(Box::new(Recording(Arc::clone(&log)))));
     replay_with(w.events().unwrap(), a, &ReplayConfig::default(), |_| {}).unwrap();
     wasmem::plan::plan_offline(&w, &mut Recording(Arc::clone(&log))).unwrap();
@@ -120,7 +118,13 @@ fn profile_strategy() -> impl Strategy<Value = StepProfile> {
                     7 | 8 => (None, Some(w % n.max(1))),
                     _ => (None, None),
                 };
-                PlanRequest { bytes, kind: TensorKind::ALL[(w % 6) as usize], stream: StreamId(w % 3), freed_at, wraps_to }
+                PlanRequest {
+                    bytes,
+                    kind: TensorKind::ALL[(w % 6) as usize],
+                    stream: StreamId(w % 3),
+                    freed_at,
+                    wraps_to,
+                }
             })
             .collect();
         StepProfile { step: 1, requests }
@@ -180,7 +184,10 @@ fn greedy_planner_with_defrag_replays_exactly_as_planned() {
         assert!(a.plans >= 1 && a.plan_hits > 0, "{name}: the built-in planned nothing: {a:?}");
         assert_eq!(a.plan_refused, 0, "{name}");
         assert_eq!(a, b, "{name}: planned vs greedy-planner+defrag");
-        eprintln!("{name}: {} plans, {} hits, peak reserved {} B, identical", a.plans, a.plan_hits, a.peak_reserved_bytes);
+        eprintln!(
+            "{name}: {} plans, {} hits, peak reserved {} B, identical",
+            a.plans, a.plan_hits, a.peak_reserved_bytes
+        );
     }
 }
 
@@ -206,7 +213,8 @@ fn the_python_planner_makes_valid_plans() {
     }
     for (i, p) in profiles.iter().enumerate() {
         let plan = py.plan(p, &ctx()).unwrap_or_else(|e| panic!("profile {i}: {e}"));
-        validate_plan(p, &plan, u64::MAX).unwrap_or_else(|e| panic!("profile {i} ({} requests): {e}", p.requests.len()));
+        validate_plan(p, &plan, u64::MAX)
+            .unwrap_or_else(|e| panic!("profile {i} ({} requests): {e}", p.requests.len()));
         for (k, (r, o)) in p.requests.iter().zip(&plan.offsets).enumerate() {
             assert_eq!(o.is_some(), r.plannable(k as u32), "profile {i}, request {k}");
         }
@@ -233,8 +241,10 @@ fn hostile_planners_are_refused_and_counted() {
     let path = need!(common::hostile_planner());
     let relaxed = common::relaxed_runtime();
     // The deadline mode under a short deadline, the memory mode under a small cap.
-    let tight =
-        common::runtime_with(Limits { deadline: Some(Duration::from_millis(20)), ..Limits::default() }, "planner-tight");
+    let tight = common::runtime_with(
+        Limits { deadline: Some(Duration::from_millis(20)), ..Limits::default() },
+        "planner-tight",
+    );
     let small = common::runtime_with(
         Limits { deadline: Some(Duration::from_secs(5)), max_memory: 16 << 20, ..Limits::default() },
         "planner-mem16",
@@ -271,7 +281,8 @@ fn hostile_planners_are_refused_and_counted() {
     assert!(e.contains("unknown mode `nonsense`"), "{e}");
     // A plan for a request whose end of life is unknown is refused.
     let mut p = relaxed.load(&path).unwrap().instantiate("mode=unknown-life").unwrap().planner().unwrap();
-    let req = |freed_at| PlanRequest { bytes: 4096, kind: TensorKind::Temp, stream: StreamId(0), freed_at, wraps_to: None };
+    let req =
+        |freed_at| PlanRequest { bytes: 4096, kind: TensorKind::Temp, stream: StreamId(0), freed_at, wraps_to: None };
     let profile = StepProfile { step: 1, requests: vec![req(Some(1)), req(None)] };
     let plan = p.plan(&profile, &ctx()).unwrap();
     let e = validate_plan(&profile, &plan, u64::MAX).unwrap_err().0;

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use super::instance::{CallKind, WasmPolicy};
 use crate::decision::{
-    AllocRequest, EvictionCandidate, EvictionPolicy, Plan, PlacementDecision, PlacementPolicy, PlannerPolicy, Policies,
+    AllocRequest, EvictionCandidate, EvictionPolicy, PlacementDecision, PlacementPolicy, Plan, PlannerPolicy, Policies,
     PolicyContext, PolicyError, PoolSpec, ReclaimDecision, ReclaimTrigger, ReclamationPolicy, Role, StateHandle,
     StepProfile,
 };

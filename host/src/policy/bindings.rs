@@ -365,8 +365,20 @@ mod tests {
         let profile = StepProfile {
             step: 4,
             requests: vec![
-                PlanRequest { bytes: 1, kind: TensorKind::Grad, stream: StreamId(3), freed_at: Some(1), wraps_to: None },
-                PlanRequest { bytes: 9, kind: TensorKind::Temp, stream: StreamId(0), freed_at: None, wraps_to: Some(0) },
+                PlanRequest {
+                    bytes: 1,
+                    kind: TensorKind::Grad,
+                    stream: StreamId(3),
+                    freed_at: Some(1),
+                    wraps_to: None,
+                },
+                PlanRequest {
+                    bytes: 9,
+                    kind: TensorKind::Temp,
+                    stream: StreamId(0),
+                    freed_at: None,
+                    wraps_to: Some(0),
+                },
             ],
         };
         let w = v0_3::profile_to_wit(&profile);

@@ -20,8 +20,8 @@ use wasmtime::Store;
 use super::bindings::{v0_1 as b0_1, v0_2 as b0_2, v0_3 as b0_3, WitVersion};
 use super::host::HostState;
 use crate::decision::{
-    AllocRequest, EvictionCandidate, Plan, PlacementDecision, PolicyContext, PoolSpec, ReclaimDecision,
-    ReclaimTrigger, Role, StepProfile,
+    AllocRequest, EvictionCandidate, PlacementDecision, Plan, PolicyContext, PoolSpec, ReclaimDecision, ReclaimTrigger,
+    Role, StepProfile,
 };
 use crate::types::TensorId;
 

@@ -10,9 +10,9 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::bindings::{v0_1, v0_2, v0_3, GuestLogLevel};
 use super::output::GuestOutput;
-use crate::text::{tidy, MAX_MESSAGE_CHARS};
 use super::sandbox::{deny_all_wasi, MemoryCap};
 use crate::decision::PolicyContext;
+use crate::text::{tidy, MAX_MESSAGE_CHARS};
 
 /// A one-second window of log messages.
 #[derive(Debug)]

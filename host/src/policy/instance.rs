@@ -166,16 +166,15 @@ fn arm(store: &mut Store<HostState>, runtime: &super::Runtime, kind: CallKind) {
     let limits = &rt.config.limits;
     let ticks_of = |extra: u128| u64::try_from(extra.div_ceil(rt.tick.as_nanos().max(1))).unwrap_or(u64::MAX);
     if let Some((decision, lifecycle)) = rt.deadline_ticks {
-        let ticks = match kind {
-            CallKind::Decision => decision,
-            CallKind::Eviction(n) => {
-                decision.saturating_add(ticks_of(limits.deadline_per_candidate.as_nanos().saturating_mul(n as u128)))
-            }
-            CallKind::Planning(n) => {
-                decision.saturating_add(ticks_of(limits.deadline_per_plan_request.as_nanos().saturating_mul(n as u128)))
-            }
-            CallKind::Lifecycle => lifecycle,
-        };
+        let ticks =
+            match kind {
+                CallKind::Decision => decision,
+                CallKind::Eviction(n) => decision
+                    .saturating_add(ticks_of(limits.deadline_per_candidate.as_nanos().saturating_mul(n as u128))),
+                CallKind::Planning(n) => decision
+                    .saturating_add(ticks_of(limits.deadline_per_plan_request.as_nanos().saturating_mul(n as u128))),
+                CallKind::Lifecycle => lifecycle,
+            };
         store.set_epoch_deadline(ticks);
     }
     if let Some(fuel) = limits.fuel {

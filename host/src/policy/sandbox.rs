@@ -21,8 +21,8 @@ use wasmtime::Trap;
 use wasmtime_wasi::{Deterministic, HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder};
 
 use super::output::GuestOutput;
-use crate::text::{tidy, MAX_MESSAGE_CHARS};
 use crate::decision::PolicyError;
+use crate::text::{tidy, MAX_MESSAGE_CHARS};
 
 /// A policy tried to grow its memory past the cap.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -307,7 +307,11 @@ fn readme(lang: Lang, role: ProjectRole, name: &str, build: &str, output: &Path)
         (ProjectRole::Planner, _) => "a first-fit planner (valid plans, simpler than the engine's)",
         _ => "the engine's default for its role",
     };
-    let use_it = if role == ProjectRole::Planner { format!("{out}+defrag", out = output.display()) } else { output.display().to_string() };
+    let use_it = if role == ProjectRole::Planner {
+        format!("{out}+defrag", out = output.display())
+    } else {
+        output.display().to_string()
+    };
     format!(
         "# {name}\n\n\
          A wasmem {role} policy in {lang}, built against the WIT package `wasmem:policy@{WIT_VERSION}` \

@@ -630,4 +630,3 @@ fn decision_determinism_and_state(
         }
     }
 }
-

@@ -274,7 +274,9 @@ pub(crate) fn judge(
                 if bound == 0 { 1.0 } else { arena as f64 / bound as f64 }
             ),
         ),
-        Some(first) => v.push(&item, Outcome::Fail, format!("{} of {} calls failed; first: {first}", bad.len(), ca.len())),
+        Some(first) => {
+            v.push(&item, Outcome::Fail, format!("{} of {} calls failed; first: {first}", bad.len(), ca.len()))
+        }
     }
     // Determinism.
     let item = format!("planner: determinism{what}");
@@ -292,7 +294,9 @@ pub(crate) fn judge(
                 let mut padded: Vec<PlanCall> = ca[..half].to_vec();
                 padded.extend(cc);
                 match first_difference((A, ca), ("C (fresh, loaded with A's state)", &padded), half) {
-                    None => v.push(item, Outcome::Pass, format!("the last {} profiles planned as by {A}", ca.len() - half)),
+                    None => {
+                        v.push(item, Outcome::Pass, format!("the last {} profiles planned as by {A}", ca.len() - half))
+                    }
                     Some(d) => v.push(item, Outcome::Fail, d),
                 }
             }
@@ -332,7 +336,13 @@ fn cost(v: &mut Verdict, rt: &Runtime, ca: &[PlanCall], cb: &[PlanCall]) {
         v.push(item, Outcome::Skip, "no planning call ran");
         return;
     }
-    let c = PlannerCost { calls: hist.count(), p50_ns: hist.quantile(0.5), p99_ns: hist.quantile(0.99), over_deadline: over, largest };
+    let c = PlannerCost {
+        calls: hist.count(),
+        p50_ns: hist.quantile(0.5),
+        p99_ns: hist.quantile(0.99),
+        over_deadline: over,
+        largest,
+    };
     let l = &rt.config().limits;
     let deadline = match l.deadline {
         Some(d) => format!(
@@ -350,7 +360,8 @@ fn cost(v: &mut Verdict, rt: &Runtime, ca: &[PlanCall], cb: &[PlanCall]) {
         human_ns(c.p99_ns),
         c.over_deadline
     );
-    let outcome = if c.over_deadline as f64 > MAX_OVER_DEADLINE * c.calls as f64 { Outcome::Fail } else { Outcome::Pass };
+    let outcome =
+        if c.over_deadline as f64 > MAX_OVER_DEADLINE * c.calls as f64 { Outcome::Fail } else { Outcome::Pass };
     v.push(item, outcome, detail);
     v.planner_cost = Some(c);
 }
