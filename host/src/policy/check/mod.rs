@@ -562,7 +562,7 @@ fn decision_determinism_and_state(
     half: usize,
 ) {
     // Determinism: the second instance, the same calls.
-    match first_difference(&calls, (A, &oa), (B, &ob), 0) {
+    match first_difference(calls, (A, oa), (B, ob), 0) {
         None => v.push(
             "determinism: same inputs, same outputs",
             Outcome::Pass,
@@ -612,7 +612,7 @@ fn decision_determinism_and_state(
             let mut oc: Vec<CallOutcome> = vec![CallOutcome { answer: Answer::Skipped, took: Duration::ZERO }; half];
             oc.extend(calls[half..].iter().map(|x| rc.run(&x.input)));
             let c_name = format!("C (fresh, loaded with A's {bytes}-byte state after {half} calls)");
-            match first_difference(&calls, (A, &oa), (&c_name, &oc), half) {
+            match first_difference(calls, (A, oa), (&c_name, &oc), half) {
                 None => v.push(
                     continuation,
                     Outcome::Pass,
