@@ -179,17 +179,20 @@ else
         *) torch_status="FAILED (rc $torch_rc)" ;;
     esac
 fi
-# 4b. The same with the `defrag` policy set (paged segments through the VMM API, stitching).
-if [ "$torch_rc" = 0 ] && [ -x "$TORCH_PY" ] && [ -f "${CAPI_LIB:-}" ]; then
-    say "running the PyTorch example with --policy defrag"
-    mkdir -p "$TORCH_OUT/defrag"
-    timeout 200 "$TORCH_PY" examples/pytorch/train.py --compare --policy defrag --lib "$CAPI_LIB" --out "$TORCH_OUT/defrag" 2>&1 | log pytorch-defrag.log
-    torch_rc=$?
-    case $torch_rc in
-        0) torch_status="$torch_status; with defrag: losses match" ;;
-        *) torch_status="$torch_status; with defrag: FAILED (rc $torch_rc)" ;;
-    esac
-fi
+# 4b. The same with the `defrag` policy set (paged segments through the VMM API, stitching) and
+# with `planned` (the planned arena: one device allocation, pointers stable for PyTorch).
+for pol in defrag planned; do
+    if [ "$torch_rc" = 0 ] && [ -x "$TORCH_PY" ] && [ -f "${CAPI_LIB:-}" ]; then
+        say "running the PyTorch example with --policy $pol"
+        mkdir -p "$TORCH_OUT/$pol"
+        timeout 200 "$TORCH_PY" examples/pytorch/train.py --compare --policy $pol --lib "$CAPI_LIB" --out "$TORCH_OUT/$pol" 2>&1 | log pytorch-$pol.log
+        torch_rc=$?
+        case $torch_rc in
+            0) torch_status="$torch_status; with $pol: losses match" ;;
+            *) torch_status="$torch_status; with $pol: FAILED (rc $torch_rc)" ;;
+        esac
+    fi
+done
 say "PyTorch example: $torch_status"
 # Add the comparison to gpu-check.json (any Python will do).
 MERGE_PY=$TORCH_PY

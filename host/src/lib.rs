@@ -35,6 +35,7 @@ pub mod comm;
 pub mod ctl;
 pub mod decision;
 pub mod device;
+pub mod dirs;
 pub mod driver;
 pub mod metrics;
 pub mod model;

@@ -9,6 +9,7 @@ use std::fmt::Write;
 use serde_json::Value;
 
 use crate::metrics::Metrics;
+use crate::plan::OfflinePlan;
 use crate::session::ReplayOutcome;
 use crate::trace::snapshot::SnapshotInfo;
 use crate::types::human_bytes;
@@ -45,6 +46,34 @@ pub fn replay_json(o: &ReplayOutcome) -> Value {
         v["shadow"] = sv;
     }
     v
+}
+
+/// The `--json` object of an offline plan (`wasmem plan --json`).
+pub fn plan_json(p: &OfflinePlan) -> Value {
+    serde_json::to_value(p).unwrap_or_default()
+}
+
+/// The text report of an offline plan (`wasmem plan`).
+pub fn plan_text(p: &OfflinePlan) -> String {
+    let ratio = |b: u64| if p.peak_live_bytes == 0 { 1.0 } else { b as f64 / p.peak_live_bytes as f64 };
+    format!(
+        "== {} · planner {} · offline bound ==\n\
+         requests          {}\n\
+         peak live         {}\n\
+         lower bound       {} ({:.4} × peak live: every block rounded to {} B)\n\
+         planned arena     {} ({:.4} × peak live)\n\
+         planning time     {:.1} ms\n",
+        p.trace,
+        p.planner,
+        p.requests,
+        human_bytes(p.peak_live_bytes),
+        human_bytes(p.lower_bound_bytes),
+        ratio(p.lower_bound_bytes),
+        crate::decision::PLAN_ALIGN,
+        human_bytes(p.arena_bytes),
+        p.overhead_ratio,
+        p.plan_seconds * 1e3,
+    )
 }
 
 /// The text report of one replay (`wasmem replay`): the summary, the shadow

@@ -88,19 +88,40 @@ pub(crate) fn layer_saved(s: &ModelSpec) -> Vec<u64> {
 
 /// Synthesizes the events of `spec` (header excluded).
 pub fn synth(spec: &ModelSpec) -> Result<Vec<Event>, ModelError> {
+    synth_with_seqs(spec, &[])
+}
+
+/// [`synth`] with the sequence length of step `s` taken from
+/// `seqs[s % seqs.len()]` (batches of varying length; empty: `spec.seq`
+/// every step). The model's parameters are those of `spec` (learned
+/// positions for `spec.seq` positions: a step's length may not exceed it).
+pub fn synth_with_seqs(spec: &ModelSpec, seqs: &[u64]) -> Result<Vec<Event>, ModelError> {
     spec.validate()?;
+    let mut steps = Vec::with_capacity(seqs.len());
+    for &q in seqs {
+        if q == 0 || q > spec.seq {
+            return Err(ModelError::Field {
+                field: "seq-cycle",
+                why: format!("has {q}: each length must be between 1 and the model's seq, {}", spec.seq),
+            });
+        }
+        let st = ModelSpec { seq: q, ..spec.clone() };
+        st.validate()?;
+        steps.push(st);
+    }
     let e = spec.dtype_bytes;
-    let tokens = spec.batch * spec.seq;
-    let bsh = tokens * spec.hidden * e;
-    let logits = tokens * spec.vocab * if spec.dtype_bytes == 2 { 2 } else { 4 };
-    let logits_f32 = tokens * spec.vocab * 4;
     let params = spec.parameters();
     let mut g = Gen { events: Vec::new(), next_id: 0 };
     let param_ids: Vec<u64> = params.iter().map(|&n| g.alloc(n * e, TensorKind::Param)).collect();
     let mut optim_ids: Vec<u64> = Vec::new();
     let (prefix, per_layer) = spec.layout();
-    let saved_recipe = layer_saved(spec);
     for step in 0..spec.steps {
+        let st = if steps.is_empty() { spec } else { &steps[step as usize % steps.len()] };
+        let tokens = st.batch * st.seq;
+        let bsh = tokens * st.hidden * e;
+        let logits = tokens * st.vocab * if st.dtype_bytes == 2 { 2 } else { 4 };
+        let logits_f32 = tokens * st.vocab * 4;
+        let saved_recipe = layer_saved(st);
         g.events.push(Event::Phase { phase: crate::types::Phase::Forward, step });
         let input = g.alloc(tokens * 8, TensorKind::Other);
         let mut hidden = g.alloc(bsh, TensorKind::Activation);
@@ -225,6 +246,26 @@ mod tests {
             let rel = (n as f64 - expect).abs() / expect;
             assert!(rel < 0.05, "{p}: {n} parameters, expected about {expect}");
         }
+    }
+
+    #[test]
+    fn varying_lengths_change_activations_not_parameters() {
+        let base = ModelSpec { steps: 3, ..ModelSpec::preset("tiny").unwrap() };
+        let fixed = synth(&base).unwrap();
+        let cycled = synth_with_seqs(&base, &[base.seq, base.seq / 2]).unwrap();
+        let bytes = |ev: &[Event], kind: TensorKind| -> u64 {
+            ev.iter()
+                .map(|e| match e {
+                    Event::Alloc { bytes, kind: k, .. } if *k == kind => *bytes,
+                    _ => 0,
+                })
+                .sum()
+        };
+        assert_eq!(bytes(&fixed, TensorKind::Param), bytes(&cycled, TensorKind::Param));
+        assert!(bytes(&cycled, TensorKind::Activation) < bytes(&fixed, TensorKind::Activation));
+        let e = synth_with_seqs(&base, &[base.seq + 1]).unwrap_err().to_string();
+        assert!(e.contains("seq-cycle") && e.contains(&(base.seq + 1).to_string()), "{e}");
+        assert!(synth_with_seqs(&base, &[0]).is_err());
     }
 
     #[test]

@@ -334,3 +334,83 @@ fn sim_host_buffers_are_heap_memory() {
     h[7] = 7;
     assert_eq!((h.len(), h[7]), (4096, 7));
 }
+
+/// Planned placement on the GPU: repeated training-like steps learn a plan,
+/// install the arena (one device allocation) with live tensors moved into it
+/// (device copies), and are served from it; every tensor's tags are checked
+/// at its free and the steady state makes no device call.
+#[test]
+fn planned_arena_over_cuda_keeps_tagged_contents() {
+    let Some(d) = gpu("planned_arena_over_cuda_keeps_tagged_contents") else { return };
+    planned_steps(d, CudaDevice::check_invariants);
+}
+
+/// The same steps on the host-backed simulated device (no GPU needed).
+#[test]
+fn planned_arena_on_sim_keeps_tagged_contents() {
+    use wasmem::device::sim::{SimConfig, SimDevice};
+    let d = SimDevice::new(SimConfig { host_backed: true, capacity: 4 << 30, ..SimConfig::default() });
+    planned_steps(d, SimDevice::check_invariants);
+}
+
+/// Eight steps of a forward (activations and temporaries) and a backward
+/// (activations freed in reverse, a gradient each, freed in the next step).
+fn planned_steps<D: Device>(d: D, check: fn(&D) -> Result<(), wasmem::types::InvariantError>) {
+    let mut a = Allocator::with_builtin(d, "planned").expect("builtin policy");
+    let layers = 12u64;
+    let mut grads: Vec<TensorId> = Vec::new();
+    let mut calls_at = Vec::new();
+    let tagged = |a: &mut Allocator<D>, bytes: u64, kind: TensorKind| {
+        let id = a.alloc(bytes, kind, StreamId(0)).unwrap();
+        let t = tag(id);
+        a.write(id, 0, &t).unwrap();
+        a.write(id, bytes - 8, &t).unwrap();
+        id
+    };
+    let checked_free = |a: &mut Allocator<D>, id: TensorId| {
+        let bytes = a.tensor(id).unwrap().bytes;
+        let (mut head, mut tail) = ([0u8; 8], [0u8; 8]);
+        a.read(id, 0, &mut head).unwrap();
+        a.read(id, bytes - 8, &mut tail).unwrap();
+        assert_eq!((head, tail), (tag(id), tag(id)), "the tags of {id:?} were overwritten");
+        a.free(id).unwrap();
+    };
+    for step in 0..8u64 {
+        let mut acts = Vec::new();
+        for l in 0..layers {
+            if l == 1 {
+                for g in grads.drain(..) {
+                    checked_free(&mut a, g);
+                }
+            }
+            acts.push(tagged(&mut a, 2 * MIB + l * 64 * KIB, TensorKind::Activation));
+            let t = tagged(&mut a, 700 * KIB, TensorKind::Temp);
+            checked_free(&mut a, t);
+        }
+        for act in acts.into_iter().rev() {
+            grads.push(tagged(&mut a, MIB + 4096, TensorKind::Grad));
+            checked_free(&mut a, act);
+        }
+        a.phase(wasmem::types::Phase::StepEnd, step).unwrap();
+        a.check_invariants().unwrap_or_else(|e| panic!("step {step}: {e}"));
+        check(a.device()).unwrap_or_else(|e| panic!("step {step}: device: {e}"));
+        calls_at.push(a.device().counters().alloc_calls + a.device().counters().free_calls);
+    }
+    let s = a.stats();
+    assert!(s.plans >= 1 && s.plan_hits > 0 && s.plan_refused == 0, "{s:?}");
+    let steady = &calls_at[calls_at.len() - 3..];
+    assert!(steady.windows(2).all(|w| w[0] == w[1]), "device calls in the steady state: {calls_at:?}");
+    for g in grads.drain(..) {
+        checked_free(&mut a, g);
+    }
+    a.release_cached(&ReclaimDecision::all()).unwrap();
+    a.check_invariants().unwrap();
+    eprintln!(
+        "planned over {}: {} plans, {} hits, {} misses, arena {} B, device calls per step {calls_at:?}",
+        a.device().name(),
+        s.plans,
+        s.plan_hits,
+        s.plan_misses,
+        s.plan_arena_bytes
+    );
+}

@@ -8,7 +8,6 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::io::Write;
-use std::time::Instant;
 
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
@@ -92,12 +91,66 @@ fn read_trace(bytes: &[u8]) -> Result<Vec<Event>, String> {
     reader.collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())
 }
 
+/// Reads like [`read_trace`] with the reader's fast path on or off.
+fn read_trace_with(bytes: &[u8], fast: bool) -> Result<Vec<Event>, String> {
+    let mut reader = TraceReader::with_options(bytes, "fuzz.jsonl", ReadOptions { max_line_len: MAX_LINE })
+        .map_err(|e| e.to_string())?;
+    reader.set_fast_path(fast);
+    reader.collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())
+}
+
+/// One line built from pieces that are valid, nearly valid or odd JSON.
+fn near_valid_line() -> impl Strategy<Value = String> {
+    let key = prop::sample::select(vec![
+        "op", "id", "bytes", "kind", "stream", "t_us", "name", "step", "extra", "i\\u0064", "ID", "",
+    ]);
+    let value = prop::sample::select(vec![
+        "0",
+        "1",
+        "7",
+        "01",
+        "-1",
+        "1.5",
+        "1e3",
+        "4294967295",
+        "4294967296",
+        "18446744073709551615",
+        "18446744073709551616",
+        "\"alloc\"",
+        "\"free\"",
+        "\"use\"",
+        "\"phase\"",
+        "\"param\"",
+        "\"temp\"",
+        "\"forward\"",
+        "\"step_end\"",
+        "\"fr\\u0065e\"",
+        "\"a b\"",
+        "\"\"",
+        "null",
+        "true",
+        "[1]",
+        "{\"a\":1}",
+        "\"\u{e9}\"",
+    ]);
+    let sep = prop::sample::select(vec!["", "", "", " ", "\t"]);
+    let field = (key, sep.clone(), value, sep.clone()).prop_map(|(k, s1, v, s2)| format!("\"{k}\"{s1}:{s2}{v}"));
+    let tail = prop::sample::select(vec!["", "", "", " ", ",", "}", "x"]);
+    (proptest::collection::vec(field, 0..7), sep, tail)
+        .prop_map(|(fields, s, t)| format!("{{{s}{}}}{t}", fields.join(",")))
+}
+
 const MAX_VALUES: usize = 20_000;
 
 fn small_limits() -> ImportOptions {
     ImportOptions {
         device: 0,
-        limits: ImportLimits { max_input_bytes: 1 << 20, max_values: MAX_VALUES, max_walk_steps: 200_000 },
+        limits: ImportLimits {
+            max_input_bytes: 1 << 20,
+            max_values: MAX_VALUES,
+            max_walk_steps: 200_000,
+            ..ImportLimits::default()
+        },
     }
 }
 
@@ -243,6 +296,34 @@ proptest! {
     }
 
     #[test]
+    fn fast_and_general_paths_agree_on_random_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+        prop_assert_eq!(read_trace_with(&bytes, true), read_trace_with(&bytes, false));
+    }
+
+    #[test]
+    fn fast_and_general_paths_agree_on_mutations(muts in proptest::collection::vec(mutation(), 1..4)) {
+        let bytes = apply(sample_trace(), &muts);
+        prop_assert_eq!(read_trace_with(&bytes, true), read_trace_with(&bytes, false));
+    }
+
+    #[test]
+    fn fast_and_general_paths_agree_on_near_valid_lines(lines in proptest::collection::vec(near_valid_line(), 1..6)) {
+        // Each line alone after a valid prefix, so that a line's own result
+        // is compared, not only the first error.
+        let mut prefix = sample_trace();
+        for line in &lines {
+            let mut b = prefix.clone();
+            b.extend_from_slice(line.as_bytes());
+            b.push(b'\n');
+            let fast = read_trace_with(&b, true);
+            prop_assert_eq!(&fast, &read_trace_with(&b, false), "{}", line);
+            if fast.is_ok() {
+                prefix = b;
+            }
+        }
+    }
+
+    #[test]
     fn pickle_importer_survives_random_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
         let (_, peak) = peak_of(|| import(&bytes));
         prop_assert!(peak <= pickle_bound(bytes.len()), "peak {peak} for {} bytes", bytes.len());
@@ -314,12 +395,10 @@ fn billion_laughs_stays_small() {
         }
     }
     b.extend_from_slice(b"s.");
-    let start = Instant::now();
     let (r, peak) =
         peak_of(|| snapshot::import_bytes(&b, "laughs.pickle", &ImportOptions::default()).map_err(|e| e.to_string()));
     assert_eq!(r.unwrap_err(), "laughs.pickle: `device_traces[0][0]` should be a dict, found list");
     assert!(peak < 1 << 20, "peak {peak}");
-    assert!(start.elapsed().as_secs() < 5);
 }
 
 #[test]
@@ -354,14 +433,12 @@ fn shared_dict_with_many_keys_hits_the_walk_limit() {
         limits: ImportLimits { max_walk_steps: 1_000_000, ..ImportLimits::default() },
         ..ImportOptions::default()
     };
-    let start = Instant::now();
     let e = snapshot::import_bytes(&b, "keys.pickle", &opts).unwrap_err();
     assert_eq!(
         e.to_string(),
         "keys.pickle: the snapshot has more than 1000000 items to visit \
          (raise ImportLimits::max_walk_steps)"
     );
-    assert!(start.elapsed().as_secs() < 5);
 }
 
 #[test]

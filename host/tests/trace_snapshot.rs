@@ -238,7 +238,7 @@ fn import_err(v: serde_json::Value) -> String {
 fn import_errors() {
     assert_eq!(
         import_err(json!(5)),
-        "x.pickle: not a PyTorch memory snapshot: the top level is a int, expected a dict"
+        "x.pickle: not a PyTorch memory snapshot: the top level should be a dict, found int"
     );
     assert_eq!(
         import_err(json!({"a": 1})),
@@ -276,6 +276,69 @@ fn import_errors() {
     );
     let e = snapshot::import_file("/nonexistent.pickle", &Default::default()).unwrap_err();
     assert!(e.to_string().starts_with("/nonexistent.pickle: read error: "), "{e}");
+}
+
+/// The error of importing raw pickle bytes.
+fn raw_err(bytes: &[u8]) -> String {
+    snapshot::import_bytes(bytes, "x.pickle", &ImportOptions::default()).unwrap_err().to_string()
+}
+
+#[test]
+fn wrong_types_are_named_as_found() {
+    // Every container where the other kind is expected, at each level.
+    let cases = [
+        (json!({"segments": [[1]]}), "`segments[0]` should be a dict, found list"),
+        (
+            json!({"segments": [{"address": 0, "total_size": 8, "blocks": {"a": 1}}]}),
+            "`segments[0].blocks` should be a list, found dict",
+        ),
+        (
+            json!({"segments": [{"address": 0, "total_size": 8, "blocks": [[]]}]}),
+            "`segments[0].blocks[0]` should be a dict, found list",
+        ),
+        (json!({"device_traces": {"0": []}}), "`device_traces` should be a list, found dict"),
+        (json!({"device_traces": [{"a": 1}]}), "`device_traces[0]` should be a list, found dict"),
+        (json!({"device_traces": [[[]]]}), "`device_traces[0][0]` should be a dict, found list"),
+        (json!({"device_traces": [[{"action": {}}]]}), "`device_traces[0][0].action` should be a str, found dict"),
+        (
+            json!({"device_traces": [[{"action": "alloc", "addr": [], "size": 1}]]}),
+            "`device_traces[0][0].addr` should be a non-negative integer below 2**63, found list",
+        ),
+        // A list under a key that the parse does not keep elsewhere.
+        (
+            json!({"segments": [{"address": 0, "total_size": 8, "blocks": [{"size": 8, "state": []}]}]}),
+            "`segments[0].blocks[0].state` should be a str, found list",
+        ),
+    ];
+    for (v, want) in cases {
+        assert_eq!(import_err(v), format!("x.pickle: {want}"));
+    }
+
+    // Objects (built by a class the reader never calls) are named by their
+    // class, and read as a list or a dict only when they are one.
+    // pickle.dumps({"segments": [collections.deque([1])]}, protocol=4)
+    let deque = b"\x80\x04\x950\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x08segments\x94]\x94\x8c\x0bcollections\x94\x8c\x05deque\x94\x93\x94)R\x94K\x01aas.";
+    assert_eq!(raw_err(deque), "x.pickle: `segments[0]` should be a dict, found collections.deque object");
+    // {"segments": [mymod.Foo()]}: an empty object of another class is no
+    // dict (it was once read as an empty one).
+    let foo = b"\x80\x02}q\x00X\x08\x00\x00\x00segmentsq\x01]q\x02cmymod\nFoo\nq\x03)Rq\x04as.";
+    assert_eq!(raw_err(foo), "x.pickle: `segments[0]` should be a dict, found mymod.Foo object");
+    // pickle.dumps({1}, protocol=2) builds set([1]) by a call: read as the
+    // set it is (a list of segments, in the oldest format), as protocol 4's
+    // native set is, not as an empty dict.
+    let set2 = b"\x80\x02c__builtin__\nset\nq\x00]q\x01K\x01a\x85q\x02Rq\x03.";
+    let set4 = b"\x80\x04\x95\x07\x00\x00\x00\x00\x00\x00\x00\x8f\x94(K\x01\x90.";
+    assert_eq!(raw_err(set2), "x.pickle: `segments[0]` should be a dict, found int");
+    assert_eq!(raw_err(set4), raw_err(set2));
+    // pickle.dumps(collections.OrderedDict(), protocol=2): an empty mapping.
+    assert_eq!(
+        raw_err(b"\x80\x02ccollections\nOrderedDict\nq\x00)Rq\x01."),
+        "x.pickle: not a PyTorch memory snapshot: the top-level dict has neither `segments` nor `device_traces`"
+    );
+    // {"segments": [OrderedDict(address=0, total_size=8)]}, protocol 2: a dict.
+    let od = b"\x80\x02}q\x00X\x08\x00\x00\x00segmentsq\x01]q\x02ccollections\nOrderedDict\nq\x03)Rq\x04(X\x07\x00\x00\x00addressq\x05K\x00X\n\x00\x00\x00total_sizeq\x06K\x08uas.";
+    let s = snapshot::import_bytes(od, "x.pickle", &ImportOptions::default()).unwrap();
+    assert_eq!((s.info.segments, s.info.pytorch_reserved_bytes_end), (1, 8));
 }
 
 #[test]

@@ -73,6 +73,9 @@ fn driven<D: Device + 'static>(
     planner: Option<Box<dyn PlannerPolicy>>,
 ) -> Box<dyn Engine> {
     let mut alloc = Allocator::new(device, policies);
+    // PyTorch holds the pointers: no tensor may ever move (no compaction,
+    // a planned arena installed without moving live tensors into it).
+    alloc.set_stable_addresses(true);
     alloc.set_planner(planner);
     Box::new(Driven { alloc, driver: Driver::new(OnOom::Error) })
 }

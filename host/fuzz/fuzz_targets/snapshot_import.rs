@@ -14,6 +14,7 @@ fuzz_target!(|data: &[u8]| {
             max_input_bytes: 1 << 20,
             max_values: 1 << 20,
             max_walk_steps: 1 << 22,
+            ..ImportLimits::default()
         },
     };
     let Ok(snapshot) = import_bytes(data, "fuzz", &opts) else {

@@ -229,6 +229,24 @@ impl FreeIndex {
         best.filter(|k| k.1 <= size.saturating_add(max_waste))
     }
 
+    /// Every free block of at least `size` bytes, of any stream, in no
+    /// particular order (only the bins that can hold such sizes are read).
+    pub fn at_least(&self, size: u64) -> impl Iterator<Item = FreeKey> + '_ {
+        let hot = self.hot.filter(|h| h.1 >= size);
+        let binned = self.streams.iter().flat_map(move |(stream, bins)| {
+            let mut k = Some(bin_of(size));
+            std::iter::from_fn(move || {
+                let found = bins.next_nonempty(k?);
+                k = found.map(|b| b + 1).filter(|&b| b < BINS);
+                found
+            })
+            .flat_map(move |b| {
+                bins.bins[b].iter().filter(move |e| e.0 >= size).map(move |&(s, a, i)| (*stream, s, a, i))
+            })
+        });
+        hot.into_iter().chain(binned)
+    }
+
     /// Number of free blocks.
     pub fn len(&self) -> usize {
         self.len + self.hot.is_some() as usize
@@ -333,6 +351,10 @@ mod tests {
                         let s = StreamId(stream);
                         let want = set.range((s, size, 0, 0)..).next().copied().filter(|k| k.0 == s);
                         prop_assert_eq!(idx.best_fit(s, size, u64::MAX), want);
+                        let mut big: Vec<FreeKey> = idx.at_least(size).collect();
+                        big.sort_unstable();
+                        let want: Vec<FreeKey> = set.iter().copied().filter(|k| k.1 >= size).collect();
+                        prop_assert_eq!(big, want);
                     }
                 }
                 prop_assert_eq!(idx.len(), set.len());

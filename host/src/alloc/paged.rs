@@ -106,6 +106,14 @@ struct PageRun {
     count: u64,
 }
 
+impl PageRun {
+    /// The order runs are taken in, greatest first: more pages, then the
+    /// lower address (unique: runs do not overlap).
+    fn rank(&self) -> (u64, std::cmp::Reverse<DevicePtr>) {
+        (self.count, std::cmp::Reverse(self.va))
+    }
+}
+
 /// A run of pages by segment-relative index (inside `carve`).
 #[derive(Debug, Clone, Copy)]
 struct PageRunIdx {
@@ -222,36 +230,40 @@ impl<D: Device> Allocator<D> {
 
     /// Bytes of whole free pages inside free blocks of paged segments.
     pub(super) fn free_page_bytes(&self) -> u64 {
-        self.free_page_runs(None, None).iter().map(|r| r.count).sum::<u64>() * self.device.granularity()
+        self.free_page_runs(None).iter().map(|r| r.count).sum::<u64>() * self.device.granularity()
     }
 
-    /// Runs of whole free pages in free blocks of paged segments of `pool`,
-    /// largest first (ties: lower address first).
-    fn free_page_runs(&self, pool: Option<u32>, names: Option<&[String]>) -> Vec<PageRun> {
+    /// Runs of whole free pages in free blocks of paged segments of the
+    /// selected pools, in no order (they are used largest first, ties lower
+    /// address first: [`PageRun::rank`]).
+    fn free_page_runs(&self, names: Option<&[String]>) -> Vec<PageRun> {
         let page = self.device.granularity();
         let mut runs = Vec::new();
         if page == 0 {
             return runs;
         }
-        for &s in self.paging.segs.keys() {
-            let seg = self.arena.segments.get(s);
-            if pool.is_some_and(|p| p != seg.pool) || !self.pool_selected(seg.pool, names) {
+        if self.paging.segs.is_empty() {
+            return runs;
+        }
+        // Free blocks are exactly the indexed ones; only those of a page or
+        // more can hold a whole page.
+        for (p, pool) in self.arena.pools.iter().enumerate() {
+            if !self.pool_selected(p as u32, names) {
                 continue;
             }
-            let mut blk = seg.first;
-            while blk != NIL {
+            for (_, size, addr, blk) in pool.free.at_least(page) {
                 let b = self.arena.blocks.get(blk);
-                if b.is_free() {
-                    let first = b.offset.div_ceil(page);
-                    let end = (b.offset + b.size) / page;
-                    if end > first {
-                        runs.push(PageRun { block: blk, va: seg.base + first * page, count: end - first });
-                    }
+                if !self.paging.segs.contains_key(&b.segment) {
+                    continue;
                 }
-                blk = b.next;
+                let base = addr - b.offset;
+                let first = b.offset.div_ceil(page);
+                let end = (b.offset + size) / page;
+                if end > first {
+                    runs.push(PageRun { block: blk, va: base + first * page, count: end - first });
+                }
             }
         }
-        runs.sort_by_key(|r| (std::cmp::Reverse(r.count), r.va));
         runs
     }
 
@@ -269,13 +281,16 @@ impl<D: Device> Allocator<D> {
         let run = PageRunIdx { first: first_page, count: run.count };
         let pool = seg.pool as usize;
         let ps = self.paging.segs.remove(&s).expect("carve is called on paged segments");
+        // The pages before the run, the run, the pages after it.
+        let mut before = ps.pages;
+        let after = before.split_off((run.first + run.count) as usize);
+        let taken = before.split_off(run.first as usize);
         let (lo, hi) = (run.first * page, (run.first + run.count) * page);
         debug_assert!(b0.is_free() && b0.offset <= lo && hi <= b0.offset + b0.size);
         self.arena.pools[pool].free.remove(&(seg.stream, b0.size, seg.base + b0.offset, blk));
         for i in run.first..run.first + run.count {
             self.device.unmap(seg.base + i * page)?;
         }
-        let taken = ps.pages[run.first as usize..(run.first + run.count) as usize].to_vec();
         self.arena.segments.remove(s);
         let mut segments_now = 0u32;
         // The part before the pages: the blocks up to `blk`, and `blk` itself
@@ -301,7 +316,7 @@ impl<D: Device> Allocator<D> {
             } else {
                 self.arena.blocks.get_mut(b0.prev).next = NIL;
             }
-            self.paging.segs.insert(ls, PagedSeg { pages: ps.pages[..run.first as usize].to_vec(), resv: ps.resv });
+            self.paging.segs.insert(ls, PagedSeg { pages: before, resv: ps.resv });
             segments_now += 1;
         }
         // The part after the pages: a remnant of `blk` after `hi`, then the
@@ -337,8 +352,7 @@ impl<D: Device> Allocator<D> {
                 }
                 cur = bm.next;
             }
-            let rest = ps.pages[(run.first + run.count) as usize..].to_vec();
-            self.paging.segs.insert(rs, PagedSeg { pages: rest, resv: ps.resv });
+            self.paging.segs.insert(rs, PagedSeg { pages: after, resv: ps.resv });
             segments_now += 1;
         }
         if !left_remnant {
@@ -377,11 +391,12 @@ impl<D: Device> Allocator<D> {
         let need = segment_bytes.div_ceil(page);
         let mut plan = Vec::new();
         let mut have = 0u64;
-        for mut run in self.free_page_runs(None, None) {
-            if have >= need {
-                break;
-            }
-            run.count = run.count.min(need - have);
+        // The greatest runs first, as many as needed: a heap, not a full sort.
+        let mut runs: std::collections::BinaryHeap<_> =
+            self.free_page_runs(None).into_iter().map(|r| (r.rank(), r.block)).collect();
+        while have < need {
+            let Some(((count, std::cmp::Reverse(va)), block)) = runs.pop() else { break };
+            let run = PageRun { block, va, count: count.min(need - have) };
             have += run.count;
             plan.push(run);
         }
@@ -430,7 +445,7 @@ impl<D: Device> Allocator<D> {
         let mut released = 0u64;
         while released < target {
             // Carving changes block indices and segments: recompute the runs.
-            let Some(mut run) = self.free_page_runs(None, names).into_iter().next() else { break };
+            let Some(mut run) = self.free_page_runs(names).into_iter().max_by_key(PageRun::rank) else { break };
             run.count = run.count.min((target - released).div_ceil(page));
             let stream = self.arena.segments.get(self.arena.blocks.get(run.block).segment).stream;
             self.quiesce(&[stream])?;

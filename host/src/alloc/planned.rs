@@ -3,12 +3,28 @@
 //!
 //! ```text
 //!  step s:   every request recorded (bytes, kind, stream, when freed) ─► profile
-//!  step end: planner(profile) ─► plan ─► validate_plan ─► stored (≤ 4, keyed by the first request)
-//!            the arena (one segment of the `planned` pool) grows to the plan when it is free
+//!  step end: planner(profile) ─► plan ─► validate_plan ─► stored (≤ 8, keyed by the first request)
+//!  step s+1: at the plan's install point, a larger arena (one segment of the `planned` pool)
 //!  step s+1: request ──match the plan's next entries──► its offset free? ─► served there (a hit)
 //!                          │ no entry matches, or the range is occupied (a deviation)
 //!                          └──────────────────────────────────────────────► the dynamic path
 //! ```
+//!
+//! A step is profiled completely when every request's lifetime is known
+//! within it, or once it repeated the previous step's sequence (then the
+//! ends of its end-live requests were seen in the next step: `wraps_to`).
+//! The arena is not allocated when the plan is made but when a step that
+//! matches it reaches its *install point* ([`install_point`]: the time with
+//! the fewest planned bytes live): the old arena is freed if empty, the
+//! dynamic cache released, the arena allocated, and the plan's tensors live
+//! then moved to their planned offsets (a device copy each) — unless the
+//! allocator must keep addresses stable (the C ABI: PyTorch holds the
+//! pointers), where they stay and their ranges are misses this step. When
+//! the dynamic path runs out of memory, any free range of an arena that
+//! holds the request serves it ([`Allocator::arena_fallback`]); under
+//! pressure, idle arenas are the sixth rung of the reclamation ladder.
+//! Traces without step markers (most PyTorch snapshots) are never profiled:
+//! they stay on the dynamic path, with `defrag`'s results.
 //!
 //! Matching tolerates deviations: a request is compared with the next
 //! [`LOOKAHEAD`] entries of the plan; a match there skips the entries before
@@ -27,8 +43,6 @@
 
 use std::collections::BTreeMap;
 
-use rustc_hash::FxHashMap;
-
 use super::policies::RoleHealth;
 use super::slab::{Block, Segment, NIL};
 use super::{ActionKind, AllocError, Allocator, InvariantError, Pool, Tier};
@@ -39,7 +53,7 @@ use crate::device::{Device, DevicePtr};
 use crate::types::{StreamId, TensorId, TensorKind};
 
 /// Plans kept at once (different kinds of steps).
-pub const MAX_PLANS: usize = 4;
+pub const MAX_PLANS: usize = 8;
 
 /// Entries of the plan a request is compared with.
 pub const LOOKAHEAD: usize = 8;
@@ -76,6 +90,61 @@ struct Arena {
     free: BTreeMap<u64, u32>,
 }
 
+/// A `carried_freed` entry not freed yet.
+const NOT_FREED: u32 = u32::MAX;
+
+/// Tensor handles → request index, by handle slot (slots are small and
+/// dense): no hashing on the hot path, and no allocation once warm.
+#[derive(Debug, Default)]
+struct BySlot {
+    at: Vec<Option<(TensorId, u32)>>,
+    /// Slots with an entry, each once (some may have been taken since).
+    used: Vec<u32>,
+    listed: Vec<bool>,
+}
+
+impl BySlot {
+    fn insert(&mut self, id: TensorId, k: u32) {
+        let s = id.slot as usize;
+        if s >= self.at.len() {
+            self.at.resize(s + 1, None);
+            self.listed.resize(s + 1, false);
+        }
+        self.at[s] = Some((id, k));
+        if !self.listed[s] {
+            self.listed[s] = true;
+            self.used.push(id.slot);
+        }
+    }
+
+    /// The index of `id`, removed.
+    fn take(&mut self, id: TensorId) -> Option<u32> {
+        let e = self.at.get_mut(id.slot as usize)?;
+        match *e {
+            Some((h, k)) if h == id => {
+                *e = None;
+                Some(k)
+            }
+            _ => None,
+        }
+    }
+
+    fn contains(&self, id: TensorId) -> bool {
+        matches!(self.at.get(id.slot as usize), Some(Some((h, _))) if *h == id)
+    }
+
+    fn entries(&self) -> impl Iterator<Item = (TensorId, u32)> + '_ {
+        self.used.iter().filter_map(|&s| self.at[s as usize])
+    }
+
+    fn clear(&mut self) {
+        for s in self.used.drain(..) {
+            self.at[s as usize] = None;
+            self.listed[s as usize] = false;
+        }
+    }
+}
+
 /// The planning state of an allocator (see the module documentation).
 pub(crate) struct Planning {
     planner: Box<dyn PlannerPolicy>,
@@ -83,12 +152,13 @@ pub(crate) struct Planning {
     pub health: RoleHealth,
     /// This step's requests, in order.
     current: Vec<PlanRequest>,
-    /// This step's requests still live: handle slot → (handle, index).
-    live: FxHashMap<u32, (TensorId, u32)>,
-    /// The previous step's requests live at its end: slot → (handle, index).
-    carried: FxHashMap<u32, (TensorId, u32)>,
-    /// When each of the previous step's end-live requests was freed in this step.
-    carried_freed: FxHashMap<u32, u32>,
+    /// This step's requests still live: handle → index.
+    live: BySlot,
+    /// The previous step's requests live at its end: handle → index.
+    carried: BySlot,
+    /// When each of the previous step's end-live requests was freed in this
+    /// step, by its index ([`NOT_FREED`]: not yet).
+    carried_freed: Vec<u32>,
     /// The previous step's request keys (to match wraps by position).
     previous: Vec<Key>,
     plans: Vec<StoredPlan>,
@@ -129,9 +199,9 @@ impl Planning {
             planner,
             health: RoleHealth::default(),
             current: Vec::new(),
-            live: FxHashMap::default(),
-            carried: FxHashMap::default(),
-            carried_freed: FxHashMap::default(),
+            live: BySlot::default(),
+            carried: BySlot::default(),
+            carried_freed: Vec::new(),
             previous: Vec::new(),
             plans: Vec::new(),
             active: None,
@@ -206,7 +276,7 @@ impl Planning {
     fn record_alloc(&mut self, id: TensorId, bytes: u64, kind: TensorKind, stream: StreamId) {
         let k = self.current.len() as u32;
         self.current.push(PlanRequest { bytes, kind, stream, freed_at: None, wraps_to: None });
-        self.live.insert(id.slot, (id, k));
+        self.live.insert(id, k);
         if let Some(j) = self.last_match.take() {
             self.matched.push((id, j));
         }
@@ -216,17 +286,11 @@ impl Planning {
     /// from the previous step.
     fn record_free(&mut self, id: TensorId) {
         let now = self.current.len() as u32;
-        if let Some(&(h, k)) = self.live.get(&id.slot) {
-            if h == id {
-                self.live.remove(&id.slot);
-                self.current[k as usize].freed_at = Some(now);
-                return;
-            }
-        }
-        if let Some(&(h, k)) = self.carried.get(&id.slot) {
-            if h == id {
-                self.carried.remove(&id.slot);
-                self.carried_freed.insert(k, now);
+        if let Some(k) = self.live.take(id) {
+            self.current[k as usize].freed_at = Some(now);
+        } else if let Some(k) = self.carried.take(id) {
+            if let Some(f) = self.carried_freed.get_mut(k as usize) {
+                *f = now;
             }
         }
     }
@@ -239,12 +303,15 @@ impl Planning {
             requests.len() == self.previous.len() && requests.iter().map(key).eq(self.previous.iter().copied());
         for (k, r) in requests.iter_mut().enumerate() {
             if r.freed_at.is_none() && self.previous.get(k) == Some(&key(r)) {
-                r.wraps_to = self.carried_freed.get(&(k as u32)).copied();
+                r.wraps_to = self.carried_freed.get(k).copied().filter(|&f| f != NOT_FREED);
             }
         }
-        self.previous = requests.iter().map(key).collect();
-        self.carried = std::mem::take(&mut self.live);
+        self.previous.clear();
+        self.previous.extend(requests.iter().map(key));
+        std::mem::swap(&mut self.carried, &mut self.live);
+        self.live.clear();
         self.carried_freed.clear();
+        self.carried_freed.resize(requests.len(), NOT_FREED);
         self.active = None;
         self.installing = false;
         self.matched.clear();
@@ -269,11 +336,11 @@ impl Planning {
         let mut out: Vec<(TensorId, u64)> = self
             .matched
             .iter()
-            .filter(|(id, _)| self.live.get(&id.slot).is_some_and(|&(h, _)| h == *id))
+            .filter(|(id, _)| self.live.contains(*id))
             .filter_map(|&(id, j)| Some((id, plan.offsets[j as usize]?)))
             .collect();
         if self.previous == plan.keys {
-            out.extend(self.carried.values().filter_map(|&(id, k)| Some((id, plan.offsets[k as usize]?))));
+            out.extend(self.carried.entries().filter_map(|(id, k)| Some((id, plan.offsets[k as usize]?))));
         }
         out
     }
@@ -401,13 +468,12 @@ impl<D: Device> Allocator<D> {
             // Blocks stay on the stream of their segment; the arena is on stream 0.
             return None;
         }
-        arena.free.remove(&boff);
-        // Before the range: a free remainder (keeps `blk`).
+        // Before the range: a free remainder (keeps `blk` and its entry).
         let mut cur = blk;
         if off > boff {
-            let rest = split(&mut self.arena.blocks, blk, off - boff);
-            arena.free.insert(boff, blk);
-            cur = rest;
+            cur = split(&mut self.arena.blocks, blk, off - boff);
+        } else {
+            arena.free.remove(&boff);
         }
         // After the range.
         let c = *self.arena.blocks.get(cur);
@@ -440,10 +506,15 @@ impl<D: Device> Allocator<D> {
     pub(super) fn arena_block_freed(&mut self, seg: u32, blk: u32, stale: [Option<u64>; 2]) {
         let offset = self.arena.blocks.get(blk).offset;
         let Some(arena) = self.planning.as_mut().and_then(|p| p.arena_mut(seg)) else { return };
-        for o in stale.iter().flatten() {
+        for o in stale.iter().flatten().filter(|&&o| o != offset) {
             arena.free.remove(o);
         }
-        arena.free.insert(offset, blk);
+        match arena.free.get_mut(&offset) {
+            Some(b) => *b = blk,
+            None => {
+                arena.free.insert(offset, blk);
+            }
+        }
     }
 
     /// At a step end: closes the profile and plans it when needed; after the
@@ -474,6 +545,12 @@ impl<D: Device> Allocator<D> {
         );
         if worth && !good {
             self.make_plan(&profile)?;
+        }
+        // The profile's buffer serves the next step.
+        if let Some(p) = self.planning.as_mut() {
+            let mut buf = profile.requests;
+            buf.clear();
+            p.current = buf;
         }
         if trim {
             self.release_cached(&ReclaimDecision { trim: true, ..ReclaimDecision::all() })?;

@@ -1,6 +1,7 @@
-//! The built-in planner: greedy by size with best fit over lifetime
-//! intervals (Pisarchyk & Lee 2020, "Efficient memory management for deep
-//! neural net inference", the "greedy by size" offset calculation).
+//! The built-in planner: the cheapest of a time-order best-fit plan and
+//! greedy-by-size plans with best fit over lifetime intervals (Pisarchyk &
+//! Lee 2020, "Efficient memory management for deep neural net inference",
+//! the "greedy by size" offset calculation).
 //!
 //! Requests are placed in decreasing size (longer lifetimes first among
 //! equals). Each goes into the smallest gap, between the blocks already
@@ -9,14 +10,31 @@
 //! is the highest end. Requests whose end of life in the step's cycle is not
 //! known are left to the dynamic path.
 //!
-//! The algorithm itself is `wasmem_plan_core::greedy_by_size` (a crate of
-//! its own, without dependencies), which the policy SDK's default planner
-//! calls too: the shipped `greedy-planner` component plans exactly as this
-//! one, plan for plan.
+//! When some requests stay to the end of the profile (parameters allocated
+//! once, in a whole-trace offline plan), a second order is tried as well:
+//! those first, stacked in allocation order as a floor, then the rest by
+//! size; the smaller arena wins (greedy by size alone can leave holes under
+//! tensors that never leave: 0.6 % on one real snapshot, against 0.05 %).
+//!
+//! Greedy by size looks at every placed block whose lifetime overlaps the
+//! one it places: its cost grows with the number of tensors live at once
+//! (a step of 50,000 requests with thousands of activations live together
+//! takes seconds). So a third plan is always made, in O(n log n): the step
+//! replayed in time order through a best-fit allocator that knows each
+//! lifetime. Greedy by size runs only while its work — the sum of the
+//! planned lifetimes, in requests — stays within [`GREEDY_WORK`]; the
+//! smallest arena of the plans made wins.
+//!
+//! The algorithm itself is `wasmem_plan_core::plan` (a crate of its own,
+//! `no_std` and without dependencies, in `policies/sdk/plan-core`), which
+//! the policy SDK's default planner calls too: the shipped `greedy-planner`
+//! component plans exactly as this one, plan for plan.
 
 use crate::decision::{Plan, PlannerPolicy, PolicyContext, PolicyError, StepProfile};
 
-/// Greedy-by-size best-fit planner (see the module documentation).
+pub use wasmem_plan_core::GREEDY_WORK;
+
+/// The built-in planner (see the module documentation).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GreedyPlanner;
 
@@ -24,7 +42,7 @@ impl GreedyPlanner {
     /// The plan of `profile` (see the module documentation).
     pub fn plan_profile(profile: &StepProfile) -> Plan {
         let requests: Vec<wasmem_plan_core::Request> = profile.requests.iter().map(|r| r.core()).collect();
-        let p = wasmem_plan_core::greedy_by_size(&requests);
+        let p = wasmem_plan_core::plan(&requests);
         Plan { arena_bytes: p.arena_bytes, offsets: p.offsets }
     }
 }
@@ -44,6 +62,13 @@ mod tests {
     use super::*;
     use crate::decision::{validate_plan, PlanRequest};
     use crate::types::{StreamId, TensorKind};
+
+    /// The time-order plan alone (what large steps get).
+    fn in_time_order(reqs: &[PlanRequest]) -> Plan {
+        let core: Vec<wasmem_plan_core::Request> = reqs.iter().map(|r| r.core()).collect();
+        let p = wasmem_plan_core::in_time_order(&core);
+        Plan { arena_bytes: p.arena_bytes, offsets: p.offsets }
+    }
 
     fn req(bytes: u64, freed_at: Option<u32>, wraps_to: Option<u32>) -> PlanRequest {
         PlanRequest { bytes, kind: TensorKind::Activation, stream: StreamId(0), freed_at, wraps_to }
@@ -109,9 +134,49 @@ mod tests {
             let plan = GreedyPlanner::plan_profile(&p);
             validate_plan(&p, &plan, u64::MAX).unwrap_or_else(|e| panic!("round {round}: {e}"));
             for (k, (r, o)) in p.requests.iter().zip(&plan.offsets).enumerate() {
-                assert_eq!(o.is_some(), r.plannable(k as u32), "round {round}, request {k}");
+                assert!(o.is_none() || r.plannable(k as u32), "round {round}, request {k}");
             }
-            assert!(plan.arena_bytes >= peak(&p));
+            // The time-order plan alone is valid too (it is what large steps get).
+            let sim = in_time_order(&p.requests);
+            validate_plan(&p, &sim, u64::MAX).unwrap_or_else(|e| panic!("round {round}, in time order: {e}"));
+            let left: u64 = (0..p.requests.len())
+                .filter(|&k| plan.offsets[k].is_none() && p.requests[k].plannable(k as u32))
+                .map(|k| p.requests[k].planned_bytes())
+                .sum();
+            assert!(plan.arena_bytes + left >= peak(&p), "round {round}");
         }
+    }
+
+    #[test]
+    fn a_large_step_is_planned_in_time_order_and_stays_tight() {
+        // 60,000 requests: nested activations (many live at once, beyond
+        // greedy by size's work bound), temporaries, and a few wrapping.
+        let n = 60_000u32;
+        let mut rng = oorandom::Rand32::new(3);
+        let mut rs = Vec::new();
+        for k in 0..n {
+            let bytes = 512 * u64::from(rng.rand_range(1..2048));
+            let (freed_at, wraps_to) = if k < n / 2 && k % 3 == 0 {
+                (Some(n - 1 - k), None)
+            } else if k % 101 == 0 && k > n / 2 {
+                (None, Some(4))
+            } else {
+                (Some((k + 1 + rng.rand_range(0..6)).min(n)), None)
+            };
+            rs.push(req(bytes, freed_at, wraps_to));
+        }
+        let p = StepProfile { step: 1, requests: rs };
+        let work: u64 = (0..n)
+            .map(|k| {
+                let (iv, m) = p.requests[k as usize].intervals(k, n);
+                iv[..m].iter().map(|&(a, b)| u64::from(b - a)).sum::<u64>()
+            })
+            .sum();
+        assert!(work > GREEDY_WORK, "the test must exceed the greedy bound ({work})");
+        let plan = GreedyPlanner::plan_profile(&p);
+        validate_plan(&p, &plan, u64::MAX).unwrap();
+        let lb = peak(&p);
+        assert!(plan.planned() as f64 >= 0.99 * f64::from(n), "{} planned", plan.planned());
+        assert!(plan.arena_bytes as f64 <= lb as f64 * 1.02, "arena {} for a peak of {lb}", plan.arena_bytes);
     }
 }

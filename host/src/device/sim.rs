@@ -5,7 +5,10 @@
 //! - segments, reservations and mappings never overlap (addresses come from a
 //!   bump pointer and are never reused);
 //! - every mapping lies inside one reservation and refers to one physical
-//!   allocation, which is mapped at most once.
+//!   allocation, which is mapped at most once;
+//! - mappings are indexed by granule: each granule a mapping covers names
+//!   that mapping, and no other granule does (map, unmap and lookups are a
+//!   few hash operations, whatever the number of mappings).
 //!
 //! Time model: a host clock `now_us` advances with the cost of every device
 //! call (and with [`SimDevice::advance`] for workload time); each stream has its
@@ -84,15 +87,84 @@ pub struct SimDevice {
     next_va: DevicePtr,
     segments: BTreeMap<DevicePtr, Range>,
     reservations: BTreeMap<DevicePtr, u64>,
+    /// The reservation `map` found last: (base, size).
+    last_reservation: Option<(DevicePtr, u64)>,
     physical: FxHashMap<u64, Phys>,
     next_phys: u64,
-    /// Mapping start → (physical handle, size).
-    mappings: BTreeMap<DevicePtr, (PhysHandle, u64)>,
+    mappings: Mappings,
     stream_clock_us: FxHashMap<StreamId, f64>,
     events: FxHashMap<u64, f64>,
     next_event: u64,
     now_us: f64,
     counters: DeviceCounters,
+}
+
+/// The mappings of virtual ranges to physical allocations, by granule.
+#[derive(Debug)]
+struct Mappings {
+    granularity: u64,
+    /// Granule index (`address / granularity`) → (start, physical handle,
+    /// size) of the mapping that covers it.
+    granules: FxHashMap<u64, (DevicePtr, PhysHandle, u64)>,
+}
+
+impl Mappings {
+    /// The granule indices of `[va, va + size)`.
+    fn span(&self, va: DevicePtr, size: u64) -> std::ops::Range<u64> {
+        va / self.granularity..(va + size).div_ceil(self.granularity)
+    }
+
+    /// The mapping that covers `addr`: (start, physical handle, size).
+    fn covering(&self, addr: DevicePtr) -> Option<(DevicePtr, PhysHandle, u64)> {
+        self.granules.get(&(addr / self.granularity)).copied()
+    }
+
+    /// Whether a mapping covers part of `[va, va + size)`.
+    fn any_in(&self, va: DevicePtr, size: u64) -> bool {
+        self.span(va, size).any(|g| self.granules.contains_key(&g))
+    }
+
+    /// Adds a mapping of granule-aligned `va` unless part of its range is
+    /// mapped already (then `false`, nothing changed).
+    fn insert(&mut self, va: DevicePtr, phys: PhysHandle, size: u64) -> bool {
+        let span = self.span(va, size);
+        if span.end - span.start == 1 {
+            return match self.granules.entry(span.start) {
+                std::collections::hash_map::Entry::Occupied(_) => false,
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert((va, phys, size));
+                    true
+                }
+            };
+        }
+        if self.any_in(va, size) {
+            return false;
+        }
+        for g in span {
+            self.granules.insert(g, (va, phys, size));
+        }
+        true
+    }
+
+    /// Removes the mapping that starts at `va`: its handle and size.
+    fn remove(&mut self, va: DevicePtr) -> Option<(PhysHandle, u64)> {
+        let first = va / self.granularity;
+        let m @ (start, phys, size) = self.granules.remove(&first)?;
+        if start != va {
+            self.granules.insert(first, m);
+            return None;
+        }
+        for g in self.span(start, size).skip(1) {
+            self.granules.remove(&g);
+        }
+        Some((phys, size))
+    }
+
+    /// Every mapping once: (start, physical handle, size).
+    fn iter(&self) -> impl Iterator<Item = (DevicePtr, PhysHandle, u64)> + '_ {
+        let g = self.granularity;
+        self.granules.iter().filter(move |(&k, &(start, ..))| k == start / g).map(|(_, &m)| m)
+    }
 }
 
 /// Base of the simulated address space (keeps 0 and small values invalid).
@@ -107,9 +179,10 @@ impl SimDevice {
             next_va: VA_BASE,
             segments: BTreeMap::new(),
             reservations: BTreeMap::new(),
+            last_reservation: None,
             physical: FxHashMap::default(),
             next_phys: 1,
-            mappings: BTreeMap::new(),
+            mappings: Mappings { granularity, granules: FxHashMap::default() },
             stream_clock_us: FxHashMap::default(),
             events: FxHashMap::default(),
             next_event: 1,
@@ -202,13 +275,7 @@ impl SimDevice {
             let b = self.segments.get_mut(&base).and_then(|r| r.backing.as_mut()).expect("host-backed segment");
             return Ok((b, (addr - base) as usize, (size - (addr - base)) as usize));
         }
-        let in_mapping = self
-            .mappings
-            .range(..=addr)
-            .next_back()
-            .filter(|(&base, &(_, size))| addr < base + size)
-            .map(|(&base, &(phys, size))| (base, phys, size));
-        if let Some((base, phys, size)) = in_mapping {
+        if let Some((base, phys, size)) = self.mappings.covering(addr) {
             let b = self
                 .physical
                 .get_mut(&phys.0)
@@ -233,7 +300,7 @@ impl SimDevice {
         if self.counters.used_bytes > self.cfg.capacity {
             return Err("used exceeds capacity".into());
         }
-        for (&va, &(ph, size)) in &self.mappings {
+        for (va, ph, size) in self.mappings.iter() {
             let (&rbase, &rsize) = self
                 .reservations
                 .range(..=va)
@@ -337,10 +404,13 @@ impl Device for SimDevice {
     fn release_virtual(&mut self, va: DevicePtr) -> Result<(), DeviceError> {
         let size =
             *self.reservations.get(&va).ok_or_else(|| DeviceError::Invalid(format!("{va:#x} is not a reservation")))?;
-        if self.mappings.range(va..va + size).next().is_some() {
+        if self.mappings.any_in(va, size) {
             return Err(DeviceError::Invalid(format!("reservation {va:#x} still has mappings")));
         }
         self.reservations.remove(&va);
+        if self.last_reservation.is_some_and(|(b, _)| b == va) {
+            self.last_reservation = None;
+        }
         Ok(())
     }
 
@@ -385,27 +455,30 @@ impl Device for SimDevice {
     }
 
     fn map(&mut self, va: DevicePtr, phys: PhysHandle) -> Result<(), DeviceError> {
-        let size = match self.physical.get(&phys.0) {
+        let p = match self.physical.get_mut(&phys.0) {
             None => return Err(DeviceError::Invalid(format!("unknown physical handle {}", phys.0))),
             Some(p) if p.mapped_at.is_some() => {
                 return Err(DeviceError::Invalid(format!("physical handle {} is already mapped", phys.0)))
             }
-            Some(p) => p.size,
+            Some(p) => p,
         };
+        let size = p.size;
         if !va.is_multiple_of(self.cfg.granularity) {
             return Err(DeviceError::Invalid(format!("{va:#x} is not aligned to the granularity")));
         }
-        let inside = self.reservations.range(..=va).next_back().is_some_and(|(&b, &s)| va + size <= b + s);
-        if !inside {
-            return Err(DeviceError::Invalid(format!("{va:#x}+{size} is not inside a reservation")));
+        // Consecutive maps go to the same reservation: check the last one first.
+        let inside = |(b, s): (DevicePtr, u64)| b <= va && va + size <= b + s;
+        if !self.last_reservation.is_some_and(inside) {
+            let found = self.reservations.range(..=va).next_back().map(|(&b, &s)| (b, s)).filter(|&r| inside(r));
+            match found {
+                Some(r) => self.last_reservation = Some(r),
+                None => return Err(DeviceError::Invalid(format!("{va:#x}+{size} is not inside a reservation"))),
+            }
         }
-        let overlaps_before = self.mappings.range(..va).next_back().is_some_and(|(&b, &(_, s))| b + s > va);
-        let overlaps_after = self.mappings.range(va..va + size).next().is_some();
-        if overlaps_before || overlaps_after {
+        if !self.mappings.insert(va, phys, size) {
             return Err(DeviceError::Invalid(format!("{va:#x}+{size} overlaps an existing mapping")));
         }
-        self.mappings.insert(va, (phys, size));
-        self.physical.get_mut(&phys.0).expect("checked").mapped_at = Some(va);
+        p.mapped_at = Some(va);
         let c = self.cfg.cost.map_us;
         self.charge(c);
         Ok(())
@@ -413,7 +486,7 @@ impl Device for SimDevice {
 
     fn unmap(&mut self, va: DevicePtr) -> Result<(), DeviceError> {
         let (phys, _) =
-            self.mappings.remove(&va).ok_or_else(|| DeviceError::Invalid(format!("nothing is mapped at {va:#x}")))?;
+            self.mappings.remove(va).ok_or_else(|| DeviceError::Invalid(format!("nothing is mapped at {va:#x}")))?;
         self.physical.get_mut(&phys.0).expect("mapped physical exists").mapped_at = None;
         let c = self.cfg.cost.map_us;
         self.charge(c);

@@ -112,12 +112,7 @@ impl CacheDir {
         match self {
             CacheDir::Off => None,
             CacheDir::At(p) => Some(p.clone()),
-            CacheDir::Default => {
-                let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
-                env("WASMEM_CACHE_DIR")
-                    .or_else(|| env("XDG_CACHE_HOME").map(|p| p.join("wasmem")))
-                    .or_else(|| env("HOME").map(|p| p.join(".cache").join("wasmem")))
-            }
+            CacheDir::Default => crate::dirs::cache_root(),
         }
     }
 }

@@ -14,11 +14,18 @@ use rustc_hash::FxHashSet;
 use super::{Event, TraceErrorKind};
 
 /// A set of `u64` stored as disjoint, non-adjacent inclusive runs.
+///
+/// The run that was inserted into or extended last is kept out of the map,
+/// together with the start of the next run above it, so that extending it by
+/// the next id (the common, counter-style case) touches no tree node.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct RunSet {
+    /// Every run but `last`.
     runs: BTreeMap<u64, u64>,
-    /// The run most recently extended: the fast path for ascending ids.
+    /// The run most recently inserted into or extended (not in `runs`).
     last: Option<(u64, u64)>,
+    /// Start of the first run of `runs` above `last` (`None`: there is none).
+    next_start: Option<u64>,
 }
 
 impl RunSet {
@@ -34,46 +41,52 @@ impl RunSet {
 
     /// Inserts `x`; returns `false` when it was already present.
     pub(crate) fn insert(&mut self, x: u64) -> bool {
-        // Fast path: `x` extends the last run and no run starts right after it.
         if let Some((s, e)) = self.last {
             if e.checked_add(1) == Some(x) {
-                let next_starts = x.checked_add(1).is_some_and(|n| self.runs.contains_key(&n));
-                if !next_starts {
-                    self.runs.insert(s, x);
-                    self.last = Some((s, x));
-                    return true;
-                }
+                // `x` is free: runs neither overlap nor touch `last`.
+                let end = match x.checked_add(1).filter(|&n| self.next_start == Some(n)) {
+                    Some(n) => self.runs.remove(&n).unwrap_or(x),
+                    None => x,
+                };
+                self.set_last(s, end, end != x);
+                return true;
             }
+        }
+        if self.contains(x) {
+            return false;
+        }
+        if let Some((s, e)) = self.last.take() {
+            self.runs.insert(s, e);
         }
         let prev = self.runs.range(..=x).next_back().map(|(&s, &e)| (s, e));
-        if let Some((_, e)) = prev {
-            if x <= e {
-                return false;
+        let start = match prev.filter(|&(_, e)| e.checked_add(1) == Some(x)) {
+            Some((s, _)) => {
+                self.runs.remove(&s);
+                s
             }
-        }
-        let joins_prev = prev.filter(|&(_, e)| e.checked_add(1) == Some(x));
-        let next = x.checked_add(1).and_then(|n| self.runs.get(&n).map(|&e| (n, e)));
-        let run = match (joins_prev, next) {
-            (Some((s, _)), Some((n, e))) => {
-                self.runs.remove(&n);
-                (s, e)
-            }
-            (Some((s, _)), None) => (s, x),
-            (None, Some((n, e))) => {
-                self.runs.remove(&n);
-                (x, e)
-            }
-            (None, None) => (x, x),
+            None => x,
         };
-        self.runs.insert(run.0, run.1);
-        self.last = Some(run);
+        let end = match x.checked_add(1).and_then(|n| self.runs.remove(&n)) {
+            Some(e) => e,
+            None => x,
+        };
+        self.set_last(start, end, true);
         true
+    }
+
+    /// Makes `start..=end` the last run; `moved`: its end changed in a way
+    /// that may change the next run above it.
+    fn set_last(&mut self, start: u64, end: u64, moved: bool) {
+        self.last = Some((start, end));
+        if moved {
+            self.next_start = end.checked_add(1).and_then(|n| self.runs.range(n..).next().map(|(&k, _)| k));
+        }
     }
 
     /// Number of runs stored.
     #[cfg(test)]
     pub(crate) fn runs(&self) -> usize {
-        self.runs.len()
+        self.runs.len() + usize::from(self.last.is_some())
     }
 }
 

@@ -6,6 +6,8 @@
 //! - [`TraceReader`] streams a `.jsonl` or `.jsonl.gz` file and validates it
 //!   (the format contract is in `DESIGN.md`, "Trace format v1").
 //! - [`TraceWriter`] writes exactly that format.
+//! - [`cache`] keeps parsed traces in a checksummed binary form, keyed by
+//!   content, so that repeated runs over a big trace skip the parse.
 //! - [`snapshot`] imports `torch.cuda.memory._dump_snapshot` pickles into the
 //!   same event stream, and exports a replay result back into that shape.
 //!
@@ -21,12 +23,17 @@
 //! its size is that of the live set, so reading is constant-memory in the
 //! length of the trace apart from the live ids.
 
+mod ahead;
+pub mod cache;
 mod error;
+mod fast;
 mod ids;
+mod line;
 mod reader;
 pub mod snapshot;
 mod writer;
 
+pub use ahead::ReadAhead;
 pub use error::{TraceError, TraceErrorKind};
 pub use reader::{FileTraceReader, ReadOptions, TraceReader, DEFAULT_MAX_LINE_LEN};
 pub use writer::{FileSink, FileTraceWriter, TraceWriter};

@@ -1,23 +1,25 @@
 //! Streaming, validating reader of trace format v1.
 //!
 //! Memory: one line buffer (at most [`ReadOptions::max_line_len`] bytes) plus
-//! the id validator (see the module docs of [`crate::trace`]). Speed: each line
-//! is parsed by a hand-written serde visitor over borrowed strings, with no
-//! allocation per line in the common case.
+//! the id validator (see the module docs of [`crate::trace`]).
+//!
+//! Speed: a line that lies whole in the input buffer is parsed where it is,
+//! without a copy; the byte-level fast path ([`super::fast`]) reads the common
+//! line shapes, and every other line goes to the general serde parser
+//! ([`super::line`]), which also words every error. Both fill the same raw
+//! fields, validated by the same code, so the two paths cannot disagree.
 
-use std::borrow::Cow;
-use std::cell::Cell;
 use std::fmt;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader};
 use std::path::Path;
 
 use flate2::bufread::MultiGzDecoder;
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 
+use super::fast;
 use super::ids::IdTracker;
-use super::{Event, TraceError, TraceErrorKind, TraceHeader, FORMAT_NAME, FORMAT_VERSION};
-use crate::types::{Phase, TensorKind};
+use super::line::{build_event, build_header, parse_raw, Mode};
+use super::{Event, TraceError, TraceErrorKind, TraceHeader};
 
 /// Default cap on the length of one line (1 MiB).
 pub const DEFAULT_MAX_LINE_LEN: usize = 1 << 20;
@@ -66,6 +68,8 @@ pub struct TraceReader<R> {
     ids: IdTracker,
     events: u64,
     done: bool,
+    /// Whether the fast path is tried first (see [`TraceReader::set_fast_path`]).
+    fast: bool,
 }
 
 impl<R> fmt::Debug for TraceReader<R> {
@@ -132,6 +136,7 @@ impl<R: BufRead> TraceReader<R> {
             ids: IdTracker::default(),
             events: 0,
             done: false,
+            fast: true,
         };
         reader.header = reader.read_header()?;
         Ok(reader)
@@ -160,6 +165,13 @@ impl<R: BufRead> TraceReader<R> {
     /// Number of tensors allocated and not yet freed so far.
     pub fn live_tensors(&self) -> usize {
         self.ids.live()
+    }
+
+    /// Turns the byte-level fast path on (the default) or off. Off, every
+    /// line goes through the general parser: the events and errors are the
+    /// same either way (tests and measurements compare the two).
+    pub fn set_fast_path(&mut self, on: bool) {
+        self.fast = on;
     }
 
     fn err(&self, kind: TraceErrorKind) -> TraceError {
@@ -230,14 +242,51 @@ impl<R: BufRead> TraceReader<R> {
     }
 
     fn read_event(&mut self) -> Result<Option<Event>, TraceErrorKind> {
+        // Lines that lie whole in the input buffer are parsed in place.
+        loop {
+            let avail = match self.inner.fill_buf() {
+                Ok(b) => b,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    self.line += 1;
+                    return Err(TraceErrorKind::Read(e));
+                }
+            };
+            let Some(newline) = memchr::memchr(b'\n', avail) else { break };
+            self.line += 1;
+            if newline > self.opts.max_line_len {
+                return Err(TraceErrorKind::LineTooLong(self.opts.max_line_len));
+            }
+            let line = avail[..newline].strip_suffix(b"\r").unwrap_or(&avail[..newline]);
+            if line.first() != Some(&b'{') && line.iter().all(u8::is_ascii_whitespace) {
+                self.inner.consume(newline + 1);
+                continue;
+            }
+            let event = parse_event(line, self.fast)?;
+            self.inner.consume(newline + 1);
+            self.ids.apply(&event)?;
+            return Ok(Some(event));
+        }
+        // A line across the end of the buffer, or the last line.
         if !self.next_line()? {
             return Ok(None);
         }
-        let raw = parse_raw(&self.buf, Mode::Event)?;
-        let event = build_event(raw)?;
+        let event = parse_event(&self.buf, self.fast)?;
         self.ids.apply(&event)?;
         Ok(Some(event))
     }
+}
+
+/// The event of one non-blank line: the fast path when `fast` and the line
+/// has a simple shape, else the general parser.
+#[inline]
+fn parse_event(line: &[u8], fast: bool) -> Result<Event, TraceErrorKind> {
+    if fast {
+        if let Some(fields) = fast::parse_event(line) {
+            return build_event(fields);
+        }
+    }
+    build_event(parse_raw(line, Mode::Event)?.event)
 }
 
 impl<R: BufRead> Iterator for TraceReader<R> {
@@ -265,214 +314,3 @@ impl<R: BufRead> Iterator for TraceReader<R> {
 }
 
 impl<R: BufRead> std::iter::FusedIterator for TraceReader<R> {}
-
-// ---------------------------------------------------------------------------
-// Line parsing
-// ---------------------------------------------------------------------------
-
-/// Which keys a line is parsed for; the others are ignored.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Header,
-    Event,
-}
-
-/// The fields of one line, as found (before checking the op's requirements).
-#[derive(Default)]
-struct RawLine<'a> {
-    op: Option<Cow<'a, str>>,
-    id: Option<u64>,
-    bytes: Option<u64>,
-    kind: Option<Cow<'a, str>>,
-    stream: Option<u32>,
-    t_us: Option<u64>,
-    name: Option<Cow<'a, str>>,
-    step: Option<u64>,
-    format: Option<Cow<'a, str>>,
-    version: Option<u64>,
-    source: Option<Cow<'a, str>>,
-    ranks: Option<u32>,
-}
-
-/// A string that borrows from the line when it has no escapes.
-struct CowStr<'a>(Cow<'a, str>);
-
-impl<'de> de::Deserialize<'de> for CowStr<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = CowStr<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(CowStr(Cow::Borrowed(v)))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(CowStr(Cow::Owned(v.to_owned())))
-            }
-        }
-        d.deserialize_str(V)
-    }
-}
-
-/// Deserializes a [`RawLine`], remembering which field's value is being read
-/// so that a type error can name it, and which field appeared twice.
-struct LineSeed<'c> {
-    mode: Mode,
-    field: &'c Cell<Option<&'static str>>,
-    duplicate: &'c Cell<Option<&'static str>>,
-}
-
-impl<'de> DeserializeSeed<'de> for LineSeed<'_> {
-    type Value = RawLine<'de>;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-/// Reads one optional field value into `slot`, tracking the field name.
-fn read_field<'de, A, T>(
-    map: &mut A,
-    seed: &LineSeed<'_>,
-    name: &'static str,
-    slot: &mut Option<T>,
-) -> Result<(), A::Error>
-where
-    A: MapAccess<'de>,
-    T: de::Deserialize<'de>,
-{
-    if slot.is_some() {
-        seed.duplicate.set(Some(name));
-        return Err(de::Error::custom("duplicate field"));
-    }
-    seed.field.set(Some(name));
-    *slot = map.next_value::<Option<T>>()?;
-    seed.field.set(None);
-    Ok(())
-}
-
-/// Like [`read_field`] for strings, which borrow from the line.
-fn read_str_field<'de, A: MapAccess<'de>>(
-    map: &mut A,
-    seed: &LineSeed<'_>,
-    name: &'static str,
-    slot: &mut Option<Cow<'de, str>>,
-) -> Result<(), A::Error> {
-    let mut tmp: Option<CowStr<'de>> = None;
-    if slot.is_some() {
-        seed.duplicate.set(Some(name));
-        return Err(de::Error::custom("duplicate field"));
-    }
-    read_field(map, seed, name, &mut tmp)?;
-    *slot = tmp.map(|s| s.0);
-    Ok(())
-}
-
-impl<'de> Visitor<'de> for LineSeed<'_> {
-    type Value = RawLine<'de>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut raw = RawLine::default();
-        while let Some(key) = map.next_key::<CowStr<'de>>()? {
-            match (self.mode, key.0.as_ref()) {
-                (Mode::Event, "op") => read_str_field(&mut map, &self, "op", &mut raw.op)?,
-                (Mode::Event, "id") => read_field(&mut map, &self, "id", &mut raw.id)?,
-                (Mode::Event, "bytes") => read_field(&mut map, &self, "bytes", &mut raw.bytes)?,
-                (Mode::Event, "kind") => read_str_field(&mut map, &self, "kind", &mut raw.kind)?,
-                (Mode::Event, "stream") => read_field(&mut map, &self, "stream", &mut raw.stream)?,
-                (Mode::Event, "t_us") => read_field(&mut map, &self, "t_us", &mut raw.t_us)?,
-                (Mode::Event, "name") => read_str_field(&mut map, &self, "name", &mut raw.name)?,
-                (Mode::Event, "step") => read_field(&mut map, &self, "step", &mut raw.step)?,
-                (Mode::Header, "format") => read_str_field(&mut map, &self, "format", &mut raw.format)?,
-                (Mode::Header, "version") => read_field(&mut map, &self, "version", &mut raw.version)?,
-                (Mode::Header, "source") => read_str_field(&mut map, &self, "source", &mut raw.source)?,
-                (Mode::Header, "ranks") => read_field(&mut map, &self, "ranks", &mut raw.ranks)?,
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(raw)
-    }
-}
-
-/// serde_json's message without its ` at line L column C` suffix (the line
-/// number in it would be 1, which is misleading inside a file).
-fn json_message(e: &serde_json::Error) -> String {
-    let full = e.to_string();
-    let suffix = format!(" at line {} column {}", e.line(), e.column());
-    match full.strip_suffix(&suffix) {
-        Some(m) => m.to_owned(),
-        None => full,
-    }
-}
-
-fn parse_raw(line: &[u8], mode: Mode) -> Result<RawLine<'_>, TraceErrorKind> {
-    let field = Cell::new(None);
-    let duplicate = Cell::new(None);
-    let mut de = serde_json::Deserializer::from_slice(line);
-    let result = LineSeed { mode, field: &field, duplicate: &duplicate }
-        .deserialize(&mut de)
-        .and_then(|raw| de.end().map(|()| raw));
-    result.map_err(|e| {
-        if let Some(name) = duplicate.get() {
-            return TraceErrorKind::DuplicateField(name);
-        }
-        match (field.get(), e.classify()) {
-            (Some(name), serde_json::error::Category::Data) => {
-                TraceErrorKind::InvalidField { field: name, message: json_message(&e) }
-            }
-            _ => TraceErrorKind::Json { column: (e.column() > 0).then_some(e.column()), message: json_message(&e) },
-        }
-    })
-}
-
-fn build_header(raw: RawLine<'_>) -> Result<TraceHeader, TraceErrorKind> {
-    let format = raw.format.ok_or(TraceErrorKind::MissingHeader)?;
-    if format != FORMAT_NAME {
-        return Err(TraceErrorKind::WrongFormat(format.into_owned()));
-    }
-    let version = raw.version.ok_or(TraceErrorKind::MissingField { context: "header", field: "version" })?;
-    if version != FORMAT_VERSION {
-        return Err(TraceErrorKind::UnsupportedVersion(version));
-    }
-    Ok(TraceHeader { source: raw.source.map(Cow::into_owned).unwrap_or_default(), ranks: raw.ranks.unwrap_or(1) })
-}
-
-fn build_event(raw: RawLine<'_>) -> Result<Event, TraceErrorKind> {
-    let op = raw.op.ok_or(TraceErrorKind::MissingField { context: "event", field: "op" })?;
-    let missing = |context: &'static str, field: &'static str| TraceErrorKind::MissingField { context, field };
-    Ok(match op.as_ref() {
-        "alloc" => {
-            const C: &str = "`alloc` event";
-            let id = raw.id.ok_or_else(|| missing(C, "id"))?;
-            let bytes = raw.bytes.ok_or_else(|| missing(C, "bytes"))?;
-            let kind = raw.kind.ok_or_else(|| missing(C, "kind"))?;
-            let kind = parse_kind(&kind).ok_or_else(|| TraceErrorKind::UnknownKind(kind.into()))?;
-            Event::Alloc { id, bytes, kind, stream: raw.stream.unwrap_or(0), t_us: raw.t_us }
-        }
-        "free" => Event::Free { id: raw.id.ok_or_else(|| missing("`free` event", "id"))?, t_us: raw.t_us },
-        "use" => Event::Use { id: raw.id.ok_or_else(|| missing("`use` event", "id"))?, stream: raw.stream },
-        "phase" => {
-            const C: &str = "`phase` event";
-            let name = raw.name.ok_or_else(|| missing(C, "name"))?;
-            let phase = parse_phase(&name).ok_or_else(|| TraceErrorKind::UnknownPhase(name.into()))?;
-            let step = raw.step.ok_or_else(|| missing(C, "step"))?;
-            Event::Phase { phase, step }
-        }
-        other => return Err(TraceErrorKind::UnknownOp(other.to_owned())),
-    })
-}
-
-fn parse_kind(s: &str) -> Option<TensorKind> {
-    TensorKind::ALL.into_iter().find(|k| k.as_str() == s)
-}
-
-fn parse_phase(s: &str) -> Option<Phase> {
-    Phase::ALL.into_iter().find(|p| p.as_str() == s)
-}

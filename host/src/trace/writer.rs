@@ -38,8 +38,8 @@ impl<W: Write> fmt::Debug for TraceWriter<W> {
 pub enum FileSink {
     /// Plain JSON Lines.
     Plain(BufWriter<File>),
-    /// Gzip-compressed JSON Lines.
-    Gzip(GzEncoder<BufWriter<File>>),
+    /// Gzip-compressed JSON Lines (boxed: the encoder's state is large).
+    Gzip(Box<GzEncoder<BufWriter<File>>>),
 }
 
 impl fmt::Debug for FileSink {
@@ -96,7 +96,7 @@ impl FileTraceWriter {
         let file = File::create(path).map_err(|e| TraceError::new(&name, 0, TraceErrorKind::Write(e)))?;
         let buffered = BufWriter::with_capacity(1 << 16, file);
         let sink = if path.extension().is_some_and(|e| e == "gz") {
-            FileSink::Gzip(GzEncoder::new(buffered, Compression::default()))
+            FileSink::Gzip(Box::new(GzEncoder::new(buffered, Compression::default())))
         } else {
             FileSink::Plain(buffered)
         };

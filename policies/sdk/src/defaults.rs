@@ -39,12 +39,13 @@ pub fn plan_intervals(r: &PlanRequest, k: u32, n: u32) -> ([(u32, u32); 2], usiz
     plan_request_core(r).intervals(k, n)
 }
 
-/// The engine's built-in plan of `profile` (`planned`): greedy by size with
-/// best fit over lifetime intervals — the same code the engine runs, so the
-/// same plan, offset for offset.
+/// The engine's built-in plan of `profile` (`planned`): the cheapest of a
+/// time-order best-fit plan and greedy-by-size plans over lifetime
+/// intervals (`wasmem_plan_core::plan`) — the same code the engine runs, so
+/// the same plan, offset for offset.
 pub fn greedy_plan(profile: &StepProfile) -> ArenaPlan {
     let requests: Vec<wasmem_plan_core::Request> = profile.requests.iter().map(plan_request_core).collect();
-    let p = wasmem_plan_core::greedy_by_size(&requests);
+    let p = wasmem_plan_core::plan(&requests);
     ArenaPlan { arena_bytes: p.arena_bytes, offsets: p.offsets }
 }
 

@@ -56,6 +56,27 @@ pub enum Command {
         #[arg(long, value_name = "EVENT:POLICY", value_parser = parse_swap)]
         swap_at: Option<(u64, String)>,
     },
+    /// Plan each workload as a whole, knowing every lifetime in advance (the
+    /// offline bound of planned placement, like `belady` for eviction): the
+    /// smallest arena the planner finds, against the peak of live bytes.
+    Plan {
+        /// Trace files (trace v1 `.jsonl` or `.jsonl.gz`) or PyTorch memory
+        /// snapshots (`.pickle`); `-` reads standard input.
+        traces: Vec<PathBuf>,
+        /// Also plan a synthesized workload of this preset (repeat; see `wasmem synth`).
+        #[arg(long = "synth")]
+        synth: Vec<String>,
+        /// The policy whose planner plans (a built-in with a planner, `planned`,
+        /// or a part that exports the `planner` interface).
+        #[arg(long, default_value = "planned")]
+        policy: String,
+        /// Print one JSON object per workload instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Per-call deadline of a WebAssembly planner, in milliseconds.
+        #[arg(long, default_value_t = 60_000.0)]
+        deadline_ms: f64,
+    },
     /// Work with WebAssembly policy components.
     Policy {
         #[command(subcommand)]
@@ -87,6 +108,10 @@ pub enum Command {
         /// With `--zero`: write only this rank's trace (to `--output` itself).
         #[arg(long)]
         rank: Option<usize>,
+        /// Sequence lengths of successive steps, cycled (`512,384,448`):
+        /// batches of varying length, each at most `--seq`.
+        #[arg(long, value_delimiter = ',', value_name = "LEN,…")]
+        seq_cycle: Vec<u64>,
     },
     /// Train a small GPT with ZeRO sharding on local ranks (one thread each),
     /// every tensor in the engine's allocator; prints loss and memory per step.
@@ -344,6 +369,12 @@ pub struct Common {
     /// parallel and share the cores.
     #[arg(long, default_value_t = 50.0)]
     pub deadline_ms: f64,
+    /// Parse trace files every time instead of using the trace cache
+    /// (binary copies of parsed traces of 1 MiB and more, under
+    /// $WASMEM_CACHE_DIR/traces, else $XDG_CACHE_HOME/wasmem/traces, else
+    /// ~/.cache/wasmem/traces).
+    #[arg(long)]
+    pub no_trace_cache: bool,
     #[command(flatten)]
     pub tiers: TierArgs,
 }

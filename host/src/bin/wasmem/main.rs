@@ -22,7 +22,7 @@ use wasmem::session::{self, DeviceChoice, ReplayOptions, ReplayOutcome};
 use wasmem::spec::Loader;
 use wasmem::trace::TraceHeader;
 use wasmem::train::session::{StepFlow, TrainOptions, TrainSession};
-use wasmem::workload::{Source, Workload};
+use wasmem::workload::{Source, TraceOptions, Workload};
 
 /// Standard output was closed by its reader (`wasmem … | head`): the
 /// program ends quietly.
@@ -86,7 +86,35 @@ fn workloads(common: &Common) -> Result<Vec<Workload>> {
     if sources.is_empty() {
         bail!("give at least one trace file or --synth PRESET");
     }
-    sources.iter().map(|s| Ok(Workload::open(s)?)).collect()
+    let mut opts = TraceOptions::default();
+    if common.no_trace_cache {
+        opts.cache = None;
+    }
+    sources.iter().map(|s| Ok(Workload::open_with(s, &opts)?)).collect()
+}
+
+/// `wasmem plan`: the offline planning bound of each workload.
+fn plan(traces: Vec<std::path::PathBuf>, synth: Vec<String>, policy: &str, json: bool, deadline_ms: f64) -> Result<()> {
+    let rt = runtime(deadline_ms)?;
+    let resolved = wasmem::spec::resolve(policy, rt).with_context(|| format!("--policy {policy}"))?;
+    let Some(mut planner) = resolved.planner else {
+        bail!("--policy {policy} has no planner: give `planned` or a part that exports the `planner` interface");
+    };
+    let sources: Vec<Source> =
+        traces.into_iter().map(Source::File).chain(synth.into_iter().map(Source::Synth)).collect();
+    if sources.is_empty() {
+        bail!("give at least one trace file or --synth PRESET");
+    }
+    for s in &sources {
+        let w = Workload::open(s)?;
+        let p = wasmem::plan::plan_offline(&w, planner.as_mut())?;
+        if json {
+            outln!("{}", report::plan_json(&p));
+        } else {
+            out!("{}", report::plan_text(&p));
+        }
+    }
+    Ok(())
 }
 
 /// The replay options every run of a command shares.
@@ -162,6 +190,10 @@ fn compare(
         swap: swap_at.clone(),
         ..replay_options(&common)?
     };
+    if policies.len() > 1 {
+        // One parse per trace file, then every run reads the cache entry.
+        ins.par_iter().try_for_each(|w| w.fill_cache().map(|_| ()))?;
+    }
     let pairs: Vec<(usize, usize)> = (0..ins.len()).flat_map(|t| (0..policies.len()).map(move |p| (t, p))).collect();
     let results: Vec<Result<ReplayOutcome, session::SessionError>> =
         pairs.par_iter().map(|&(t, p)| session::run(&ins[t], &policies[p], &opts, rt, &|_| {})).collect();
@@ -194,19 +226,26 @@ fn compare(
 }
 
 fn synth(cmd: Command) -> Result<()> {
-    let Command::Synth { model, output, zero, ranks, rank } = cmd else { unreachable!("synth commands only") };
+    let Command::Synth { model, output, zero, ranks, rank, seq_cycle } = cmd else {
+        unreachable!("synth commands only")
+    };
     let spec = model.spec("gpt2-124m")?;
     let Some(stage) = zero else {
         if ranks.ranks != 1 || ranks.offload.is_some() || ranks.micro_batches.is_some() || rank.is_some() {
             bail!("--ranks, --rank, --offload and --micro-batches describe a ZeRO plan: add --zero STAGE");
         }
-        let events = wasmem::synth::synth(&spec)?;
-        let header = TraceHeader { source: format!("wasmem synth: {}", serde_json::to_string(&spec)?), ranks: 1 };
+        let events = wasmem::synth::synth_with_seqs(&spec, &seq_cycle)?;
+        let cycle = if seq_cycle.is_empty() { String::new() } else { format!(" seq cycle {seq_cycle:?}") };
+        let header =
+            TraceHeader { source: format!("wasmem synth: {}{cycle}", serde_json::to_string(&spec)?), ranks: 1 };
         wasmem::trace::write_file(&output, &header, &events)
             .with_context(|| format!("cannot write {}", output.display()))?;
         note!("wrote {} events ({} parameters) to {}", events.len(), spec.parameter_count(), output.display());
         return Ok(());
     };
+    if !seq_cycle.is_empty() {
+        bail!("--seq-cycle varies the eager model's steps; a ZeRO plan (--zero) has one length");
+    }
     let cfg = ranks.config(stage, ranks.ranks)?;
     if let Some(r) = rank.filter(|&r| r >= cfg.ranks) {
         bail!("--rank {r} is not a rank of {} ranks", cfg.ranks);
@@ -322,6 +361,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Policy { cmd } => policy::run(cmd),
         cmd @ Command::Synth { .. } => synth(cmd),
         Command::Train(t) => train(t),
+        Command::Plan { traces, synth, policy, json, deadline_ms } => plan(traces, synth, &policy, json, deadline_ms),
         Command::Ctl { socket, cmd } => ctl(socket, cmd),
     }
 }

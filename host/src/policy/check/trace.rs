@@ -176,12 +176,12 @@ fn peak_live(events: impl Iterator<Item = Event>) -> u64 {
     peak
 }
 
-/// One replay of `w` with `p` recording: (calls, metrics, engine pool names) or why not.
-fn run(
-    w: &Workload,
-    p: &WasmPolicy,
-    cfg: &ReplayConfig,
-) -> Result<(Vec<Call>, Vec<CallOutcome>, Metrics, Vec<String>), String> {
+/// What one recorded replay gives: its calls, their outcomes, its metrics
+/// and the engine's pool names.
+type Recorded = (Vec<Call>, Vec<CallOutcome>, Metrics, Vec<String>);
+
+/// One replay of `w` with `p` recording, or why not.
+fn run(w: &Workload, p: &WasmPolicy, cfg: &ReplayConfig) -> Result<Recorded, String> {
     let log: Log = Arc::default();
     let events = w.events().map_err(|e| e.to_string())?;
     let r = replay(events, recorded(p, &log), cfg).map_err(|e| e.to_string())?;

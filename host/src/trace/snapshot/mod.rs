@@ -45,8 +45,24 @@
 //! ## Limits
 //!
 //! The pickle reader never executes code and never copies shared values;
-//! memory and time are linear in the input, capped by [`ImportLimits`].
+//! memory and time are linear in the input, capped by [`ImportLimits`]:
+//! everything the import holds (the reader's arena, stack and memo, the
+//! records and events built from them) is charged to one budget of
+//! `memory_per_input_byte × input bytes + memory_base_bytes` before it
+//! grows, and reaching it is an error naming the limit and where
+//! ([`SnapshotErrorKind::MemoryLimit`]); [`SnapshotInfo::accounted_peak_bytes`]
+//! says what an import held. The reader keeps nothing of the parts of a
+//! snapshot the import never reads (other keys at every level, frames after
+//! the first); when its guess of those parts is wrong for an unusual file,
+//! the import notices and parses again keeping everything, so the result
+//! never depends on it.
+//!
+//! Measured (accounted peak per input byte, `tests/snapshot_memory.rs`):
+//! the two shared real snapshots 5.4 and 2.6 (the heap held 3.7 and 1.7);
+//! the hostile 20 MB inputs, 10 M empty lists and 10 M nested lists under an
+//! unused key, 0.01 and 6.7 (see `docs/measurements.md`).
 
+mod budget;
 pub mod export;
 mod pickle;
 
@@ -57,6 +73,7 @@ use std::path::Path;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use self::budget::{Budget, Exceeded};
 use self::pickle::{Pickle, PickleError, Val};
 use super::{Event, TraceHeader};
 use crate::types::TensorKind;
@@ -71,18 +88,36 @@ pub struct ImportLimits {
     /// Largest accepted pickle in bytes (default 1 GiB).
     pub max_input_bytes: u64,
     /// Most values (objects, stack slots, marks, memo entries) the pickle
-    /// may create (default 128 Mi). Memory is at most about 50 bytes per
-    /// value (6.4 GiB at the default); a real snapshot creates about one
-    /// value per 3 bytes of pickle, so the default admits about 400 MB.
+    /// may create (default 128 Mi); a real snapshot creates about one value
+    /// per 3 bytes of pickle.
     pub max_values: usize,
     /// Most dict items and list elements the walk over the snapshot may
     /// visit (default 1 Gi); shared values are counted once per visit.
     pub max_walk_steps: u64,
+    /// Accounted bytes the import may hold per byte of input (default 8).
+    pub memory_per_input_byte: u64,
+    /// Accounted bytes the import may hold whatever the input size (default
+    /// 64 MiB).
+    pub memory_base_bytes: u64,
 }
 
 impl Default for ImportLimits {
     fn default() -> Self {
-        ImportLimits { max_input_bytes: 1 << 30, max_values: 128 << 20, max_walk_steps: 1 << 30 }
+        ImportLimits {
+            max_input_bytes: 1 << 30,
+            max_values: 128 << 20,
+            max_walk_steps: 1 << 30,
+            memory_per_input_byte: 8,
+            memory_base_bytes: 64 << 20,
+        }
+    }
+}
+
+impl ImportLimits {
+    /// The memory budget of an import of `input_len` bytes:
+    /// `memory_per_input_byte × input_len + memory_base_bytes`.
+    pub fn memory_limit(&self, input_len: usize) -> u64 {
+        self.memory_per_input_byte.saturating_mul(input_len as u64).saturating_add(self.memory_base_bytes)
     }
 }
 
@@ -129,6 +164,9 @@ pub struct SnapshotInfo {
     pub unknown_actions: std::collections::BTreeMap<String, usize>,
     /// Stream mapping: (PyTorch stream value, stream in the events).
     pub streams: Vec<(u64, u32)>,
+    /// The most accounted bytes the import held at once (see
+    /// [`ImportLimits::memory_limit`]).
+    pub accounted_peak_bytes: u64,
 }
 
 /// An imported snapshot.
@@ -184,6 +222,24 @@ pub enum SnapshotErrorKind {
         /// The limit.
         limit: usize,
     },
+    /// The import would hold more accounted bytes than
+    /// [`ImportLimits::memory_limit`] allows.
+    #[error(
+        "the import needs more than {limit} bytes of memory ({}; the limit is {per_byte} bytes per input byte \
+         + {base} bytes: raise ImportLimits::memory_per_input_byte or ImportLimits::memory_base_bytes)",
+        offset.map_or_else(|| "building the records and events".to_owned(), |o| format!("at byte {o} of the pickle"))
+    )]
+    MemoryLimit {
+        /// The limit in bytes.
+        limit: u64,
+        /// Offset of the opcode being read when it was reached (`None`:
+        /// while building the records and events).
+        offset: Option<usize>,
+        /// [`ImportLimits::memory_per_input_byte`].
+        per_byte: u64,
+        /// [`ImportLimits::memory_base_bytes`].
+        base: u64,
+    },
     /// The walk visited more than [`ImportLimits::max_walk_steps`] items.
     #[error("the snapshot has more than {limit} items to visit (raise ImportLimits::max_walk_steps)")]
     TooManySteps {
@@ -200,8 +256,9 @@ pub enum SnapshotErrorKind {
         path: String,
         /// What was expected.
         expected: &'static str,
-        /// What was found (a Python type name).
-        found: &'static str,
+        /// What was found: its Python type (an object's class when the
+        /// pickle names it).
+        found: String,
     },
     /// A required key is absent.
     #[error("`{path}` is missing key `{key}`")]
@@ -249,15 +306,21 @@ fn import_named(bytes: &[u8], name: &str, short_name: &str, opts: &ImportOptions
     if bytes.len() as u64 > opts.limits.max_input_bytes {
         return Err(err(SnapshotErrorKind::TooLarge { limit: opts.limits.max_input_bytes }));
     }
-    let pk = pickle::parse(bytes, opts.limits.max_values).map_err(|e| {
-        err(match e {
-            PickleError::At { offset, message } => SnapshotErrorKind::Pickle { offset, message },
-            PickleError::TooManyValues(limit) => SnapshotErrorKind::TooManyValues { limit },
-        })
-    })?;
-    let mut walk = Walk { p: &pk, steps: 0, max_steps: opts.limits.max_walk_steps, unknown: Default::default() };
-    let raw = walk.snapshot(opts.device).map_err(err)?;
+    // First keeping only what the walk reads; again keeping everything if
+    // the walk met something the first parse did not keep (whether it then
+    // succeeded or failed: a failure may come from what was not kept).
+    let lean = pass(bytes, &opts.limits, opts.device, false);
+    let mut peak = lean.peak;
+    let done = if lean.touched_skipped {
+        let full = pass(bytes, &opts.limits, opts.device, true);
+        peak = peak.max(full.peak);
+        full
+    } else {
+        lean
+    };
+    let raw = done.raw.map_err(err)?;
     let (events, mut info) = build_events(&raw);
+    info.accounted_peak_bytes = peak;
     info.unknown_actions = raw.unknown.clone();
     if !info.unknown_actions.is_empty() {
         let list: Vec<String> = info.unknown_actions.iter().map(|(a, n)| format!("`{a}` ×{n}")).collect();
@@ -282,6 +345,53 @@ fn import_named(bytes: &[u8], name: &str, short_name: &str, opts: &ImportOptions
         events,
         info,
     })
+}
+
+/// One parse and walk of a snapshot.
+struct Pass {
+    raw: Result<RawSnapshot, SnapshotErrorKind>,
+    /// Whether the walk met a container the parse did not keep.
+    touched_skipped: bool,
+    /// The most accounted bytes held at once.
+    peak: u64,
+}
+
+/// Parses `bytes` (keeping everything, or only what the walk reads) and walks
+/// the snapshot of `device`, under one budget of
+/// [`ImportLimits::memory_limit`].
+fn pass(bytes: &[u8], limits: &ImportLimits, device: u32, keep_all: bool) -> Pass {
+    let mut budget = Budget::new(limits.memory_limit(bytes.len()));
+    let parsed = pickle::parse(bytes, limits.max_values, &mut budget, keep_all).map_err(|e| match e {
+        PickleError::At { offset, message } => SnapshotErrorKind::Pickle { offset, message },
+        PickleError::TooManyValues(limit) => SnapshotErrorKind::TooManyValues { limit },
+        PickleError::MemoryLimit { limit, offset } => SnapshotErrorKind::MemoryLimit {
+            limit,
+            offset: Some(offset),
+            per_byte: limits.memory_per_input_byte,
+            base: limits.memory_base_bytes,
+        },
+    });
+    let (raw, touched_skipped) = match parsed {
+        Err(e) => (Err(e), false),
+        Ok(pk) => {
+            let mut walk = Walk {
+                p: &pk,
+                steps: 0,
+                max_steps: limits.max_walk_steps,
+                budget: &mut budget,
+                limits: *limits,
+                unknown: Default::default(),
+            };
+            let raw = walk.snapshot(device).and_then(|raw| {
+                // The events and the maps that build them, at most.
+                let n = raw.entries.len() + raw.segments.iter().map(|s| s.blocks.len()).sum::<usize>();
+                walk.charge(n.saturating_mul(EVENT_BUILD_BYTES))?;
+                Ok(raw)
+            });
+            (raw, pk.touched_skipped())
+        }
+    };
+    Pass { raw, touched_skipped, peak: budget.peak() }
 }
 
 // ---------------------------------------------------------------------------
@@ -341,14 +451,40 @@ struct RawSnapshot {
 
 type WalkResult<T> = Result<T, SnapshotErrorKind>;
 
-struct Walk<'p, 'a> {
+struct Walk<'p, 'a, 'b> {
     p: &'p Pickle<'a>,
     steps: u64,
     max_steps: u64,
+    /// Charged for the records the walk builds.
+    budget: &'b mut Budget,
+    limits: ImportLimits,
+    /// Unknown actions by name (sanitized), with their counts.
     unknown: std::collections::BTreeMap<String, usize>,
 }
 
-impl<'p, 'a> Walk<'p, 'a> {
+/// Bytes charged per trace entry or block for building the events: the
+/// events (at most two per record), the id and liveness maps.
+const EVENT_BUILD_BYTES: usize = 2 * std::mem::size_of::<Event>() + 48;
+
+impl<'p, 'a> Walk<'p, 'a, '_> {
+    /// Charges `bytes` more.
+    fn charge(&mut self, bytes: usize) -> WalkResult<()> {
+        self.budget.charge(bytes as u64).map_err(|Exceeded| SnapshotErrorKind::MemoryLimit {
+            limit: self.budget.limit(),
+            offset: None,
+            per_byte: self.limits.memory_per_input_byte,
+            base: self.limits.memory_base_bytes,
+        })
+    }
+
+    /// Pushes onto a vector of records, charging the element and the
+    /// vector's doubling slack.
+    fn keep<T>(&mut self, v: &mut Vec<T>, x: T) -> WalkResult<()> {
+        self.charge(2 * std::mem::size_of::<T>())?;
+        v.push(x);
+        Ok(())
+    }
+
     fn step(&mut self, n: usize) -> WalkResult<()> {
         self.steps = self.steps.saturating_add(n as u64);
         if self.steps > self.max_steps {
@@ -358,7 +494,7 @@ impl<'p, 'a> Walk<'p, 'a> {
     }
 
     fn shape<T>(&self, path: impl Fn() -> String, expected: &'static str, v: Val) -> WalkResult<T> {
-        Err(SnapshotErrorKind::Shape { path: path(), expected, found: self.p.type_name(v) })
+        Err(SnapshotErrorKind::Shape { path: path(), expected, found: self.p.type_name(v).into_owned() })
     }
 
     fn dict(&mut self, v: Val, path: impl Fn() -> String) -> WalkResult<&'p [(Val, Val)]> {
@@ -392,7 +528,7 @@ impl<'p, 'a> Walk<'p, 'a> {
         path: impl Fn() -> String,
     ) -> WalkResult<Option<u64>> {
         match self.get(d, key)? {
-            None | Some(Val::None) => Ok(None),
+            None | Some(Val::NONE) => Ok(None),
             Some(v) => match self.p.as_int(v).and_then(|i| u64::try_from(i).ok()) {
                 Some(u) => Ok(Some(u)),
                 None => self.shape(|| format!("{}.{key}", path()), "a non-negative integer below 2**63", v),
@@ -414,7 +550,7 @@ impl<'p, 'a> Walk<'p, 'a> {
         path: impl Fn() -> String,
     ) -> WalkResult<Option<&'p str>> {
         match self.get(d, key)? {
-            None | Some(Val::None) => Ok(None),
+            None | Some(Val::NONE) => Ok(None),
             Some(v) => match self.p.as_str(v) {
                 Some(s) => Ok(Some(s)),
                 None => self.shape(|| format!("{}.{key}", path()), "a str", v),
@@ -428,7 +564,7 @@ impl<'p, 'a> Walk<'p, 'a> {
         let Some(frames) = self.get(d, "frames")? else {
             return Ok(None);
         };
-        let Some(&first) = self.p.as_list(frames).and_then(|l| l.first()) else {
+        let Some(first) = self.p.first_item(frames) else {
             return Ok(None);
         };
         let Some(frame) = self.p.as_dict(first) else {
@@ -454,7 +590,7 @@ impl<'p, 'a> Walk<'p, 'a> {
             (Some(root), None)
         } else {
             return Err(SnapshotErrorKind::NotASnapshot(format!(
-                "the top level is a {}, expected a dict",
+                "the top level should be a dict, found {}",
                 self.p.type_name(root)
             )));
         };
@@ -470,7 +606,8 @@ impl<'p, 'a> Walk<'p, 'a> {
                 if dev != u64::from(device) {
                     continue;
                 }
-                segments.push(self.segment(sd, i)?);
+                let seg = self.segment(sd, i)?;
+                self.keep(&mut segments, seg)?;
             }
         }
 
@@ -484,7 +621,8 @@ impl<'p, 'a> Walk<'p, 'a> {
             }
             if let Some(&t) = traces.get(device as usize) {
                 let list = self.list(t, || format!("device_traces[{device}]"))?;
-                entries.reserve(list.len());
+                self.charge(list.len() * std::mem::size_of::<RawEntry>())?;
+                entries.reserve_exact(list.len());
                 for (j, &e) in list.iter().enumerate() {
                     entries.push(self.entry(e, device, j)?);
                 }
@@ -517,7 +655,7 @@ impl<'p, 'a> Walk<'p, 'a> {
                 let state = self.opt_str(bd, "state", path)?.unwrap_or("inactive");
                 let active = state.starts_with("active");
                 let kind = if active { self.kind_marker(bd)? } else { None };
-                blocks.push(RawBlock { address: baddr, size, requested, active, kind });
+                self.keep(&mut blocks, RawBlock { address: baddr, size, requested, active, kind })?;
             }
         }
         Ok(RawSegment { total_size, stream, blocks })
@@ -537,7 +675,12 @@ impl<'p, 'a> Walk<'p, 'a> {
             "segment_free" | "segment_unmap" => Action::SegmentShrink,
             a if SKIPPED_ACTIONS.contains(&a) => Action::Other,
             a => {
-                *self.unknown.entry(crate::text::name(a)).or_default() += 1;
+                let name = crate::text::name(a);
+                if !self.unknown.contains_key(&name) {
+                    // The name and a map node.
+                    self.charge(name.len() + 64)?;
+                }
+                *self.unknown.entry(name).or_default() += 1;
                 Action::Unknown
             }
         };
@@ -704,4 +847,81 @@ fn build_events(raw: &RawSnapshot) -> (Vec<Event>, SnapshotInfo) {
     map.sort_unstable();
     info.streams = map;
     (events, info)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Events and figures of one pass (`keep_all` or not), and whether it
+    /// met something it did not keep.
+    fn events_of(bytes: &[u8], keep_all: bool) -> (Result<(Vec<Event>, SnapshotInfo), String>, bool) {
+        let p = pass(bytes, &ImportLimits::default(), 0, keep_all);
+        (p.raw.map(|raw| build_events(&raw)).map_err(|e| e.to_string()), p.touched_skipped)
+    }
+
+    #[test]
+    fn keeping_less_gives_the_same_import_of_the_shared_snapshots() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces");
+        for name in ["pytorch-snapshot-a.pickle", "pytorch-snapshot-b.pickle"] {
+            let Ok(bytes) = std::fs::read(dir.join(name)) else {
+                eprintln!("skipping: {} is absent", dir.join(name).display());
+                continue;
+            };
+            let (lean, touched) = events_of(&bytes, false);
+            let (full, _) = events_of(&bytes, true);
+            assert!(!touched, "{name}: the lean pass needs nothing it skipped");
+            let (lean, full) = (lean.unwrap(), full.unwrap());
+            assert!(!lean.0.is_empty(), "{name}");
+            assert_eq!(lean, full, "{name}");
+            // And it holds less.
+            let limits = ImportLimits::default();
+            let (l, f) = (pass(&bytes, &limits, 0, false).peak, pass(&bytes, &limits, 0, true).peak);
+            assert!(l < f, "{name}: lean {l} vs full {f}");
+        }
+    }
+
+    /// `pickle.dumps({"junk": [seg], "segments": [seg]}, protocol=4)`: the
+    /// segment is built under an unused key and shared with `segments`.
+    const SHARED_WITH_AN_UNUSED_KEY: &[u8] = b"\x80\x04\x95x\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x04junk\x94]\x94}\x94(\x8c\x07address\x94K\x00\x8c\ntotal_size\x94M\x00\x10\x8c\x06blocks\x94]\x94}\x94(h\x04K\x00\x8c\x04size\x94M\x00\x10\x8c\x05state\x94\x8c\x10active_allocated\x94uaua\x8c\x08segments\x94]\x94h\x03au.";
+
+    #[test]
+    fn a_value_shared_with_an_unused_key_is_read_from_a_second_pass() {
+        let (lean, touched) = events_of(SHARED_WITH_AN_UNUSED_KEY, false);
+        assert!(touched, "the lean pass did not keep the shared segment");
+        // What the lean pass says is not trusted: here it fails.
+        assert_eq!(lean.unwrap_err(), "`segments[0]` should be a dict, found dict");
+        let (full, touched) = events_of(SHARED_WITH_AN_UNUSED_KEY, true);
+        assert!(!touched);
+        let s = import_bytes(SHARED_WITH_AN_UNUSED_KEY, "shared.pickle", &ImportOptions::default()).unwrap();
+        assert_eq!((s.events.clone(), s.info.segments), (full.unwrap().0, 1));
+        assert_eq!(s.events, vec![Event::Alloc { id: 1, bytes: 4096, kind: TensorKind::Other, stream: 0, t_us: None }]);
+        // Both passes are accounted.
+        assert!(s.info.accounted_peak_bytes > 0);
+    }
+
+    #[test]
+    fn the_memory_limit_is_an_error_naming_it() {
+        let limits = ImportLimits { memory_per_input_byte: 1, memory_base_bytes: 100, ..ImportLimits::default() };
+        let limit = limits.memory_limit(SHARED_WITH_AN_UNUSED_KEY.len());
+        assert_eq!(limit, SHARED_WITH_AN_UNUSED_KEY.len() as u64 + 100);
+        let opts = ImportOptions { limits, ..ImportOptions::default() };
+        let e = import_bytes(SHARED_WITH_AN_UNUSED_KEY, "x.pickle", &opts).unwrap_err();
+        assert!(
+            matches!(e.kind, SnapshotErrorKind::MemoryLimit { limit: l, offset: Some(_), per_byte: 1, base: 100 } if l == limit),
+            "{e:?}"
+        );
+        let text = e.to_string();
+        assert!(
+            text.starts_with(&format!("x.pickle: the import needs more than {limit} bytes of memory (at byte ")),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(
+                " of the pickle; the limit is 1 bytes per input byte + 100 bytes: \
+                 raise ImportLimits::memory_per_input_byte or ImportLimits::memory_base_bytes)"
+            ),
+            "{text}"
+        );
+    }
 }

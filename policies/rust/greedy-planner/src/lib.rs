@@ -1,9 +1,9 @@
 //! The engine's built-in planner (`planned`, `host/src/builtin/planner.rs`)
 //! as a planner component (WIT `wasmem:policy@0.3.0`, world `planner-policy`).
 //!
-//! Plan for plan the same as the built-in: both run
-//! `wasmem_plan_core::greedy_by_size` (greedy by size, best fit over
-//! lifetime intervals), here through the SDK's default planner
+//! Plan for plan the same as the built-in: both run `wasmem_plan_core::plan`
+//! (the cheapest of a time-order best-fit plan and greedy-by-size plans
+//! over lifetime intervals), here through the SDK's default planner
 //! ([`defaults::greedy_plan`]). No configuration, no state. Combine it with
 //! a dynamic path for what the plan does not cover:
 //! `greedy-planner+defrag` decides as the built-in `planned`.
@@ -47,7 +47,7 @@ mod tests {
             ],
         };
         let plan = GreedyPlanner.plan(&profile).unwrap();
-        assert_eq!(plan.offsets, vec![Some(2048), Some(0), Some(2048), None]);
+        assert_eq!(plan.offsets, vec![Some(0), Some(1024), Some(0), None]);
         assert_eq!(plan.arena_bytes, 3072);
         for (k, (r, o)) in profile.requests.iter().zip(&plan.offsets).enumerate() {
             assert_eq!(o.is_some(), defaults::plannable(r, k as u32), "request {k}");

@@ -1,0 +1,109 @@
+//! `wasmem plan` (the offline bound) and planned placement on real
+//! workloads: on the shared traces `planned` ≤ `defrag` ≤ `pytorch` in peak
+//! reserved bytes, and the offline plan within 0.2 % of the peak of live
+//! bytes. Without `../shared/traces` the shared-trace checks skip; the
+//! synthesized workloads always run.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn wasmem() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_wasmem"))
+}
+
+fn shared(name: &str) -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces").join(name);
+    if p.is_file() {
+        Some(p)
+    } else {
+        eprintln!("SKIP: {} not found", p.display());
+        None
+    }
+}
+
+/// The JSON lines a successful command prints.
+fn json_lines(cmd: &mut Command) -> Vec<Value> {
+    let out = cmd.output().expect("wasmem runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn u(v: &Value, key: &str) -> u64 {
+    v[key].as_u64().unwrap_or_else(|| panic!("no `{key}` in {v}"))
+}
+
+/// Checks an offline plan's figures and returns its overhead.
+fn checked_plan(v: &Value) -> f64 {
+    assert_eq!(v["offline_bound"], Value::Bool(true));
+    assert!(u(v, "lower_bound_bytes") >= u(v, "peak_live_bytes"), "{v}");
+    assert!(u(v, "arena_bytes") >= u(v, "lower_bound_bytes"), "{v}");
+    assert!(u(v, "requests") > 0);
+    v["overhead_ratio"].as_f64().unwrap()
+}
+
+#[test]
+fn offline_plans_reach_the_bound() {
+    let mut cmd = wasmem();
+    cmd.args(["plan", "--json", "--synth", "gpt2-124m", "--synth", "bert-base"]);
+    let traces: Vec<PathBuf> =
+        ["gpt2_124m.jsonl.gz", "bert_base.jsonl.gz", "pytorch-snapshot-a.pickle", "pytorch-snapshot-b.pickle"]
+            .iter()
+            .filter_map(|t| shared(t))
+            .collect();
+    cmd.args(&traces);
+    let plans = json_lines(&mut cmd);
+    assert_eq!(plans.len(), 2 + traces.len());
+    for p in &plans {
+        let r = checked_plan(p);
+        assert!(r <= 1.002, "offline overhead {r} above 1.002: {p}");
+    }
+}
+
+#[test]
+fn planned_is_never_above_defrag_nor_defrag_above_pytorch() {
+    for t in ["gpt2_124m.jsonl.gz", "bert_base.jsonl.gz", "pytorch-snapshot-a.pickle", "pytorch-snapshot-b.pickle"] {
+        let Some(path) = shared(t) else { continue };
+        let mut cmd = wasmem();
+        cmd.args(["compare", "--json", "--policy", "planned", "--policy", "defrag", "--policy", "pytorch"]).arg(&path);
+        let runs = json_lines(&mut cmd);
+        let peak = |policy: &str| {
+            let r = runs.iter().find(|r| r["policy"] == policy).unwrap_or_else(|| panic!("no {policy} run"));
+            u(r, "peak_reserved_bytes")
+        };
+        let (p, d, y) = (peak("planned"), peak("defrag"), peak("pytorch"));
+        assert!(p <= d && d <= y, "{t}: planned {p}, defrag {d}, pytorch {y}");
+        for key in ["plans", "plan_hits", "plan_misses", "plan_refused", "plan_arena_bytes"] {
+            assert!(runs[0].get(key).is_some(), "no `{key}` in the planned run");
+        }
+    }
+}
+
+#[test]
+fn a_multi_step_synthesized_run_is_served_from_the_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("tiny6.jsonl.gz");
+    let out = wasmem().args(["synth", "--preset", "tiny", "--steps", "6", "-o"]).arg(&trace).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let runs =
+        json_lines(wasmem().args(["compare", "--json", "--policy", "planned", "--policy", "defrag"]).arg(&trace));
+    let (p, d) = (&runs[0], &runs[1]);
+    assert!(u(p, "plans") >= 1 && u(p, "plan_hits") > 0, "{p}");
+    assert_eq!(u(p, "plan_refused"), 0);
+    assert!(u(p, "peak_reserved_bytes") <= u(d, "peak_reserved_bytes"), "planned {p}\ndefrag {d}");
+}
+
+#[test]
+fn plan_errors_are_clear() {
+    let out = wasmem().args(["plan", "--synth", "tiny", "--policy", "pytorch"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("has no planner"), "{err}");
+    let out = wasmem().args(["plan"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least one trace"));
+    let out = wasmem().args(["plan", "/nonexistent/t.jsonl"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/t.jsonl"));
+}
