@@ -46,7 +46,7 @@ fn training(n: u32) -> StepProfile {
     let mut rs: Vec<PlanRequest> = Vec::new();
     let mut acts = Vec::new();
     for k in 0..half {
-        if k % 10 == 0 {
+        if k.is_multiple_of(10) {
             acts.push(rs.len());
             rs.push(req(s.next(1 << 20, 64 << 20), TensorKind::Activation, None, None));
         } else {
@@ -55,7 +55,7 @@ fn training(n: u32) -> StepProfile {
         }
     }
     for k in half..n {
-        if (k - half) % 10 == 0 {
+        if (k - half).is_multiple_of(10) {
             if let Some(a) = acts.pop() {
                 rs[a].freed_at = Some(k + 1);
             }
@@ -90,6 +90,9 @@ fn deep(n: u32) -> StepProfile {
     StepProfile { step: 1, requests: rs }
 }
 
+/// A named profile generator.
+type Shape = (&'static str, fn(u32) -> StepProfile);
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
@@ -109,7 +112,7 @@ fn main() -> anyhow::Result<()> {
     let mut wasm = rt.load(&path)?.instantiate("")?.planner().ok_or_else(|| anyhow::anyhow!("no planner"))?;
     let ctx = PolicyContext { capacity_bytes: 1 << 50, ..PolicyContext::default() };
     println!("{:>9} {:>9} {:>12} {:>12} {:>7}  arena", "shape", "requests", "native", "wasm", "ratio");
-    let shapes: [(&str, fn(u32) -> StepProfile); 2] = [("training", training), ("deep", deep)];
+    let shapes: [Shape; 2] = [("training", training), ("deep", deep)];
     for ((shape, make), n) in shapes.iter().flat_map(|s| [5_000u32, 50_000].map(|n| (*s, n))) {
         let p = make(n);
         let native_plan = GreedyPlanner::plan_profile(&p);
