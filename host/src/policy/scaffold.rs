@@ -303,7 +303,7 @@ fn readme(lang: Lang, role: ProjectRole, name: &str, build: &str, output: &Path)
     };
     let test = test.replace("MODULE", &name.replace('-', "_")).replace("NAME", name);
     let start = match (role, lang) {
-        (ProjectRole::Planner, Lang::Rust) => "the engine's own planner (greedy by size)",
+        (ProjectRole::Planner, Lang::Rust) => "the engine's own planner (`defaults::greedy_plan`)",
         (ProjectRole::Planner, _) => "a first-fit planner (valid plans, simpler than the engine's)",
         _ => "the engine's default for its role",
     };
@@ -464,8 +464,8 @@ mod tests {
 "#;
 
 const RUST_PLANNER: &str = r#"impl Planner for {{STRUCT}} {
-    /// The engine's own plan (greedy by size, best fit over lifetime
-    /// intervals); change it here. The engine refuses a plan whose offsets
+    /// The engine's own plan (`defaults::greedy_plan`: the cheapest of a
+    /// time-order best-fit plan and greedy-by-size plans); change it here. The engine refuses a plan whose offsets
     /// are not multiples of 512, leave the arena, or overlap for requests
     /// live at the same time (see `defaults::plan_intervals`).
     fn plan(&mut self, profile: &StepProfile) -> Result<ArenaPlan, String> {
