@@ -12,7 +12,9 @@
 #                                       #   /opt/torch/.venv/bin/python3 (or $WASMEM_TORCH_PYTHON) exists,
 #                                       #   run the NCCL check (one rank per GPU, all of them, through
 #                                       #   the launcher environment and the TCP unique-id exchange),
-#                                       #   run `wasmem train --device cuda` against the sim (equal losses)
+#                                       #   run `wasmem train --device cuda` against the sim (equal losses),
+#                                       #   the tiers on the GPU, and the Python package (python/: enable+track,
+#                                       #   policies, shadow, ctl swap mid-run, memory_viz on its snapshot)
 #
 # Writes the benchmark table to stdout, and when $OUT is set:
 #   $OUT/gpu-check.json  (the table as JSON; the PyTorch comparison under `pytorch_example`),
@@ -285,6 +287,74 @@ else
 fi
 say "tiers on cuda: $tiers_status"
 
-say "tests: $([ $tests_rc = 0 ] && echo passed || echo "FAILED (rc $tests_rc)"); benchmark: $([ $bench_rc = 0 ] && echo done || echo "FAILED (rc $bench_rc)"); PyTorch example: $torch_status; NCCL: $nccl_status; train: $train_status; tiers: $tiers_status"
-[ $tests_rc = 0 ] && [ $bench_rc = 0 ] && [ $torch_rc = 0 ] && [ $nccl_rc = 0 ] && [ $train_rc = 0 ] && [ $tiers_rc = 0 ] || exit 1
+# 8. The Python package (python/, wasmem.torch) on the GPU: enable + track in
+# a real training run (the example's transformer, 24 steps) under several
+# policies with a shadow, losses bitwise equal to PyTorch's allocator; peak
+# reserved per policy; torch.cuda.memory_stats() (answered by wasmem) beside
+# PyTorch's own; a `wasmem ctl swap` from another process mid-run; the
+# snapshot opened by PyTorch's memory visualizer (torch.cuda._memory_viz).
+# Figures: python/README.md ("GPU figures", not yet measured).
+py_rc=0
+py_status=""
+if [ ! -x "$TORCH_PY" ] || [ ! -f "${CAPI_LIB:-}" ]; then
+    py_status="skipped: no PyTorch Python or no libwasmem_capi.so"
+else
+    PY_OUT=${LOGDIR:+$LOGDIR/python}
+    PY_OUT=${PY_OUT:-$(mktemp -d)}
+    mkdir -p "$PY_OUT"
+    for pol in lifecycle defrag pytorch; do
+        say "python package: train.py --compare --policy $pol --shadow pytorch"
+        timeout 240 "$TORCH_PY" examples/pytorch/train.py --compare --steps 24 --no-swap --policy "$pol" --shadow pytorch \
+            --lib "$CAPI_LIB" --out "$PY_OUT/$pol" 2>&1 | log "python-$pol.log"
+        rc=${PIPESTATUS[0]}
+        [ "$rc" = 0 ] || { py_rc=1; py_status="$py_status $pol: FAILED (rc $rc);"; }
+    done
+    # The live control socket: a run that sleeps after each step, swapped from here.
+    if [ -x "${WASMEM_BIN:-}" ]; then
+        export XDG_RUNTIME_DIR="$PY_OUT/run"
+        mkdir -p -m 700 "$XDG_RUNTIME_DIR"
+        RANK=0 timeout 240 "$TORCH_PY" examples/pytorch/train.py --allocator wasmem --steps 24 --step-sleep 0.5 --ctl \
+            --policy lifecycle --shadow pytorch --history 100000 --snapshot "$PY_OUT/snapshot.pickle" \
+            --lib "$CAPI_LIB" --json "$PY_OUT/ctl-run.json" >"$PY_OUT/ctl-run.log" 2>&1 &
+        run_pid=$!
+        for _ in $(seq 1 120); do grep -q '^step   5' "$PY_OUT/ctl-run.log" 2>/dev/null && break; sleep 0.5; done
+        "$WASMEM_BIN" ctl status 2>&1 | log python-ctl-status.log
+        "$WASMEM_BIN" ctl swap all pytorch 2>&1 | log python-ctl-swap.log
+        [ "${PIPESTATUS[0]}" = 0 ] || { py_rc=1; py_status="$py_status ctl swap: FAILED;"; }
+        wait "$run_pid" || { py_rc=1; py_status="$py_status ctl run: FAILED;"; }
+        unset XDG_RUNTIME_DIR
+        "$TORCH_PY" - "$PY_OUT" <<'PY' 2>&1 | log python-figures.log || { py_rc=1; py_status="$py_status figures/memory_viz: FAILED;"; }
+import json, os, pickle, sys
+import torch.cuda._memory_viz as viz
+out = sys.argv[1]
+run = json.load(open(os.path.join(out, "ctl-run.json")))
+assert run["wasmem_stats"]["policy"] == "pytorch", "the ctl swap reached the run: " + run["wasmem_stats"]["policy"]
+for pol in ("lifecycle", "defrag", "pytorch"):
+    s = json.load(open(os.path.join(out, pol, "summary.json")))
+    ref = json.load(open(os.path.join(out, pol, "pytorch.json")))
+    was = json.load(open(os.path.join(out, pol, "wasmem.json")))
+    dev = was["wasmem_stats"]["devices"][0]
+    print(f"{pol}: losses match {s['match']}; peak reserved pytorch {ref['peak_reserved_bytes']} wasmem {was['peak_reserved_bytes']}"
+          f" shadow(pytorch) {dev['shadow']['metrics']['peak_reserved_bytes']}; peak allocated torch {ref['torch_stats']['allocated_bytes.all.peak']}"
+          f" wasmem {was['torch_stats']['allocated_bytes.all.peak']}; retries/ooms {was['torch_stats']['num_alloc_retries']}/{was['torch_stats']['num_ooms']}")
+    assert s["match"]
+snap = pickle.load(open(os.path.join(out, "snapshot.pickle"), "rb"))
+with open(os.path.join(out, "segments.svg"), "w") as f:
+    f.write(viz.segment_plot(snap))
+with open(os.path.join(out, "trace.html"), "w") as f:
+    f.write(viz.trace_plot(snap))
+print(f"snapshot: {len(snap['segments'])} segments, {len(snap['device_traces'][0])} trace entries; memory_viz rendered")
+PY
+    else
+        py_status="$py_status ctl: skipped (wasmem CLI not built);"
+    fi
+    # The package's own tests (the CUDA-free parts; torch is preinstalled here).
+    PYTHONPATH="$ROOT/python" WASMEM_CAPI_LIB="$CAPI_LIB" timeout 300 "$TORCH_PY" -m pytest -q python/tests 2>&1 | log python-tests.log
+    [ "${PIPESTATUS[0]}" = 0 ] || [ "${PIPESTATUS[0]}" = 5 ] || { py_rc=1; py_status="$py_status pytest: FAILED;"; }
+    [ $py_rc = 0 ] && py_status="passed (losses bitwise equal under lifecycle, defrag, pytorch; ctl swap mid-run; memory_viz)"
+fi
+say "python package: $py_status"
+
+say "tests: $([ $tests_rc = 0 ] && echo passed || echo "FAILED (rc $tests_rc)"); benchmark: $([ $bench_rc = 0 ] && echo done || echo "FAILED (rc $bench_rc)"); PyTorch example: $torch_status; NCCL: $nccl_status; train: $train_status; tiers: $tiers_status; python: $py_status"
+[ $tests_rc = 0 ] && [ $bench_rc = 0 ] && [ $torch_rc = 0 ] && [ $nccl_rc = 0 ] && [ $train_rc = 0 ] && [ $tiers_rc = 0 ] && [ $py_rc = 0 ] || exit 1
 exit 0

@@ -2,7 +2,8 @@
 """Train a small GPT with PyTorch's own CUDA allocator, or with wasmem's.
 
     python3 train.py --allocator pytorch          # reference run
-    python3 train.py --allocator wasmem           # through libwasmem_capi.so
+    python3 train.py --allocator wasmem           # through the wasmem package
+                                                  # (wasmem.torch.enable + track)
     python3 train.py --compare --out DIR          # both, in separate processes,
                                                   # losses compared step for step
     python3 train.py --compare-files A.json B.json  # compare two saved runs
@@ -20,7 +21,6 @@ differ; 2 a run failed; 3 no PyTorch, no CUDA, or no libwasmem_capi.so.
 """
 
 import argparse
-import ctypes
 import json
 import math
 import os
@@ -54,34 +54,15 @@ def find_library(explicit=None):
     return None
 
 
-class Wasmem:
-    """ctypes view of the parts of libwasmem_capi.so that PyTorch does not call."""
-
-    def __init__(self, path):
-        self.lib = ctypes.CDLL(path)
-        self.lib.wasmem_stats_json.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-        self.lib.wasmem_stats_json.restype = ctypes.c_int
-        self.lib.wasmem_swap_policy.argtypes = [ctypes.c_char_p]
-        self.lib.wasmem_swap_policy.restype = ctypes.c_int
-        self.lib.wasmem_dump_trace.argtypes = [ctypes.c_char_p]
-        self.lib.wasmem_dump_trace.restype = ctypes.c_int
-
-    def stats(self):
-        size = 4096
-        while True:
-            buf = ctypes.create_string_buffer(size)
-            n = self.lib.wasmem_stats_json(buf, size)
-            if n < 0:
-                raise RuntimeError("wasmem_stats_json failed (see the wasmem log on stderr)")
-            if n < size:
-                return json.loads(buf.value.decode())
-            size = n + 1
-
-    def swap(self, spec):
-        return self.lib.wasmem_swap_policy(spec.encode()) == 0
-
-    def dump_trace(self, path):
-        return self.lib.wasmem_dump_trace(path.encode()) == 0
+def import_wasmem_torch():
+    """`wasmem.torch`: the installed package (`pip install ./python`), else
+    the checkout's `python/` (a GPU machine without a registry)."""
+    try:
+        import wasmem.torch as wt
+    except ImportError:
+        sys.path.insert(0, os.path.join(REPO, "python"))
+        import wasmem.torch as wt
+    return wt
 
 
 # ---------------------------------------------------------------- training
@@ -170,7 +151,7 @@ def train(args):
         print("train.py: CUDA is not available (no GPU or no driver): nothing to run", file=sys.stderr)
         return EXIT_UNAVAILABLE
 
-    wasmem = None
+    wt = None
     if args.allocator == "wasmem":
         lib = find_library(args.lib)
         if lib is None:
@@ -180,15 +161,19 @@ def train(args):
                 file=sys.stderr,
             )
             return EXIT_UNAVAILABLE
-        # Read by the library at its first call.
-        os.environ["WASMEM_POLICY"] = args.policy
-        if args.trace_out:
-            os.environ["WASMEM_TRACE_OUT"] = args.trace_out
+        os.environ["WASMEM_CAPI_LIB"] = lib
+        wt = import_wasmem_torch()
         # Before anything allocates on the GPU.
-        alloc = torch.cuda.memory.CUDAPluggableAllocator(lib, "wasmem_malloc", "wasmem_free")
-        torch.cuda.memory.change_current_allocator(alloc)
-        wasmem = Wasmem(lib)
-        print(f"train.py: allocator wasmem ({lib}), policy {args.policy}")
+        wt.enable(
+            policy=args.policy,
+            shadow=args.shadow,
+            ctl=args.ctl,
+            trace_out=args.trace_out,
+            history=args.history,
+        )
+        print(f"train.py: allocator wasmem ({lib}), policy {args.policy}, shadow {args.shadow}")
+        if args.ctl:
+            print(f"train.py: control socket {wt.stats()['ctl_socket']}", flush=True)
     else:
         print("train.py: allocator pytorch (CUDACachingAllocator)")
 
@@ -203,13 +188,20 @@ def train(args):
     model = model.to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     params = sum(p.numel() for p in model.parameters())
+    if wt is not None and not args.no_track:
+        wt.track(model, opt)
     print(f"train.py: {params / 1e6:.2f} M parameters on {torch.cuda.get_device_name(dev)}, torch {torch.__version__}")
 
     records, swaps = [], []
     t0 = time.perf_counter()
     for step in range(args.steps):
-        if wasmem is not None and args.swap_at is not None and step == args.swap_at:
-            ok = wasmem.swap(args.swap_policy)
+        if wt is not None and args.swap_at is not None and step == args.swap_at:
+            try:
+                wt.swap_policy(args.swap_policy)
+                ok = True
+            except wt.WasmemError as e:
+                print(f"train.py: {e}", file=sys.stderr)
+                ok = False
             swaps.append({"step": step, "policy": args.swap_policy, "ok": ok})
             print(f"train.py: swap to policy {args.swap_policy} before step {step}: {'ok' if ok else 'FAILED'}")
         x, y = batch()
@@ -219,8 +211,8 @@ def train(args):
         loss.backward()
         opt.step()
         value = loss.item()  # synchronizes
-        if wasmem is not None:
-            s = wasmem.stats()
+        if wt is not None:
+            s = wt.stats()
             keys = ("live_bytes", "allocated_bytes", "reserved_bytes", "peak_reserved_bytes", "policy")
             mem = {k: s[k] for k in keys}
         else:
@@ -232,6 +224,8 @@ def train(args):
         rec = {"step": step, "loss": value, "loss_hex": float.hex(value), "mem": mem}
         records.append(rec)
         print(f"step {step:3d}  loss {value:.10f}  | {mem_line(rec)}", flush=True)
+        if args.step_sleep:
+            time.sleep(args.step_sleep)  # room for a `wasmem ctl swap` from another process
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
 
@@ -244,16 +238,31 @@ def train(args):
         "parameters": params,
         "swaps": swaps,
     }
-    if wasmem is not None:
+    # With wasmem these are wasmem's figures (enable() makes torch.cuda's
+    # memory functions answer from it), in PyTorch's keys.
+    st = torch.cuda.memory_stats(dev)
+    result["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(dev)
+    result["torch_stats"] = {
+        k: st.get(k)
+        for k in (
+            "allocated_bytes.all.peak",
+            "reserved_bytes.all.peak",
+            "num_alloc_retries",
+            "num_ooms",
+            "num_device_alloc",
+            "num_device_free",
+        )
+    }
+    if wt is not None:
         result["policy"] = args.policy
-        result["wasmem_stats"] = wasmem.stats()
-        result["peak_reserved_bytes"] = result["wasmem_stats"]["peak_reserved_bytes"]
+        result["wasmem_stats"] = wt.stats()
+        result["wasmem_memory_stats"] = dict(st)
         if args.trace_out:
-            result["trace"] = args.trace_out if wasmem.dump_trace(args.trace_out) else None
-    else:
-        st = torch.cuda.memory_stats(dev)
-        result["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(dev)
-        result["torch_stats"] = {k: st.get(k) for k in ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free")}
+            wt.dump_trace(args.trace_out)
+            result["trace"] = args.trace_out
+    if args.snapshot:
+        torch.cuda.memory._dump_snapshot(args.snapshot)
+        result["snapshot"] = args.snapshot
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
@@ -353,6 +362,7 @@ def compare(args):
         "wasmem": common
         + ["--allocator", "wasmem", "--lib", lib, "--policy", args.policy]
         + ["--trace-out", os.path.join(out, "wasmem-trace.jsonl.gz")]
+        + (["--shadow", args.shadow] if args.shadow else [])
         + ([] if args.swap_at is None else ["--swap-at", str(args.swap_at), "--swap-policy", args.swap_policy]),
     }
     results = {}
@@ -388,6 +398,12 @@ def main(argv=None):
     p.add_argument("--no-swap", action="store_true", help="--compare: do not hot-swap (default: at steps/2)")
     p.add_argument("--trace-out", help="wasmem: record the allocations and write a trace v1 here")
     p.add_argument("--json", help="write this run's results here")
+    p.add_argument("--shadow", help="wasmem: a shadow policy run on the same events (bookkeeping only)")
+    p.add_argument("--ctl", action="store_true", help="wasmem: serve the control socket (wasmem ctl)")
+    p.add_argument("--history", type=int, default=0, help="wasmem: keep N allocator actions for --snapshot")
+    p.add_argument("--snapshot", help="write torch.cuda.memory._dump_snapshot() here at the end")
+    p.add_argument("--no-track", action="store_true", help="wasmem: do not tag kinds and phases (wasmem.torch.track)")
+    p.add_argument("--step-sleep", type=float, default=0.0, help="sleep this long after each step")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vocab", type=int, default=128)

@@ -276,7 +276,14 @@ where
 /// ready for [`crate::trace::snapshot::export::export_file`]. Needs
 /// [`ReplayConfig::record_actions`] for the trace part.
 pub fn snapshot_of<D: Device>(alloc: &mut Allocator<D>) -> ExportInput {
-    let segments = alloc
+    let segments = export_segments(alloc);
+    let trace = export_actions(alloc.take_actions());
+    ExportInput { device: 0, segments, trace }
+}
+
+/// The allocator's segments and their blocks now, in the snapshot shape.
+pub fn export_segments<D: Device>(alloc: &Allocator<D>) -> Vec<ExportSegment> {
+    alloc
         .segment_views()
         .into_iter()
         .map(|s| ExportSegment {
@@ -295,9 +302,14 @@ pub fn snapshot_of<D: Device>(alloc: &mut Allocator<D>) -> ExportInput {
                 })
                 .collect(),
         })
-        .collect();
-    let mut trace = Vec::new();
-    for a in alloc.take_actions() {
+        .collect()
+}
+
+/// Recorded allocator actions ([`Allocator::take_actions`]) as snapshot
+/// trace entries.
+pub fn export_actions(actions: Vec<crate::alloc::Action>) -> Vec<ExportTraceEntry> {
+    let mut trace = Vec::with_capacity(actions.len());
+    for a in actions {
         let entry = |action| ExportTraceEntry {
             action,
             addr: a.addr,
@@ -317,5 +329,5 @@ pub fn snapshot_of<D: Device>(alloc: &mut Allocator<D>) -> ExportInput {
             ActionKind::SegmentFree => trace.push(entry(TraceAction::SegmentFree)),
         }
     }
-    ExportInput { device: 0, segments, trace }
+    trace
 }

@@ -404,7 +404,7 @@ fn cli_ctl_swaps_and_reports() {
 
 #[cfg(feature = "wasm")]
 #[test]
-fn cli_ctl_finds_the_only_socket_of_the_default_directory() {
+fn cli_ctl_finds_the_live_sockets_of_the_default_directory() {
     let xdg = dir("xdg");
     let run = xdg.join("wasmem");
     let ctl = |args: &[&str]| {
@@ -434,10 +434,19 @@ fn cli_ctl_finds_the_only_socket_of_the_default_directory() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("rank 0: placement=lifecycle"), "{out}");
     let second = server(&run.join("200.sock"), &ranks(1, "naive"), ServerOptions::default());
-    let (code, _, err) = ctl(&["ctl", "status"]);
+    // Several processes (the ranks of a PyTorch job): every live one is listed.
+    let (code, out, err) = ctl(&["ctl", "status"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("100.sock ==") && out.contains("200.sock =="), "{out}");
+    assert!(out.contains("placement=lifecycle") && out.contains("placement=naive"), "{out}");
+    assert!(!out.contains("050.sock"), "{out}");
+    let (code, out, err) = ctl(&["ctl", "status", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let all: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(all.as_array().map(Vec::len), Some(2), "{out}");
+    let (code, _, err) = ctl(&["ctl", "--rank", "5", "status"]);
     assert_eq!(code, 1);
-    assert!(err.contains("several wasmem sockets") && err.contains("100.sock") && err.contains("200.sock"), "{err}");
-    assert!(!err.contains("050.sock"), "{err}");
+    assert!(err.contains("no running wasmem process has rank 5"), "{err}");
     drop(first);
     let (code, out, err) = ctl(&["ctl", "swap", "all", "pytorch"]);
     assert_eq!(code, 0, "{err}");

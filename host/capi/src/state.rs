@@ -1,39 +1,33 @@
-//! The process-wide state behind the C ABI.
+//! The process-wide state behind the C ABI: the configuration, one
+//! [`DeviceState`] per device used, and the policy history.
 //!
-//! Invariants (checked by [`State::check_invariants`] in the tests):
-//! - `live` holds exactly the pointers handed out and not yet freed, each
-//!   with the trace id the engine's driver maps to the allocator handle
-//!   whose address it is:
-//!   `|live| = stats.allocs − stats.frees` once the engine is open;
-//! - `streams` maps each `cudaStream_t` seen to a distinct [`StreamId`]; the
-//!   null (default) stream is stream 0;
-//! - when tracing is on, the recorded events are a valid trace v1 whose live
-//!   ids are exactly the `trace_id`s in `live`.
+//! Each device's engine (allocator and device) is opened at the first
+//! allocation on that device, under the configured policy with every swap
+//! made since replayed on it through the one swap, so that every device of
+//! the process runs the same policies whenever it opened. Its shadow (when
+//! configured) is opened with it.
 //!
-//! The engine (allocator and device) is opened at the first allocation, on
-//! the device that allocation names; the library serves that one device.
+//! Invariants (checked by [`State::check_invariants`] in the tests): each
+//! device's ([`DeviceState::check`]); a device is open or failed to open,
+//! never both.
 
-use std::path::Path;
+use std::collections::BTreeMap;
 
-use rustc_hash::FxHashMap;
-use serde_json::{json, Value};
-use wasmem::alloc::AllocError;
-use wasmem::builtin;
-use wasmem::decision::{PlannerPolicy, Policies, Role};
-use wasmem::driver::DriveError;
+use serde_json::{json, Map, Value};
+use wasmem::alloc::swap::SwapOptions;
+use wasmem::ctl::{ControlledRank, PreparedSwap, RoleArg, SwapOutcome};
+use wasmem::decision::Role;
+use wasmem::device::sim::SimConfig;
+use wasmem::shadow::{Shadow, ShadowHandle};
 use wasmem::spec::{Resolved, SpecError};
 use wasmem::trace::{Event, TraceHeader};
-use wasmem::types::InvariantError;
-use wasmem::types::{StreamId, TensorKind};
+use wasmem::types::{InvariantError, Phase, TensorKind};
 
 use crate::config::{Backend, Config};
-use crate::engine::{self, Engine};
+use crate::device::DeviceState;
+pub use crate::device::ALIGN;
+use crate::engine;
 use crate::log::{self, Cause};
-
-/// Every request is rounded up to this many bytes, so that every block is
-/// this well aligned whatever rounding the placement policy chooses (it is
-/// also PyTorch's own smallest block).
-pub const ALIGN: u64 = 512;
 
 /// A refused or failed call: why, and the message to log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,47 +45,44 @@ impl Failure {
     }
 }
 
-/// One pointer handed out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Live {
-    trace_id: u64,
-    bytes: u64,
-}
-
 /// Resolves a policy spec: built-in names without starting the WebAssembly
 /// runtime, components through the global one ([`wasmem::policy::resolve`]).
 pub fn resolve_spec(spec: &str) -> Result<Resolved, SpecError> {
     wasmem::policy::resolve(spec)
 }
 
-/// The configured policy does not resolve.
+/// A configured policy spec does not resolve.
 #[derive(Debug, thiserror::Error)]
-#[error("WASMEM_POLICY=`{spec}` does not resolve: {cause}")]
+#[error("{setting}=`{spec}` does not resolve: {cause}")]
 pub struct PolicyConfigError {
+    /// The setting (`WASMEM_POLICY`, `WASMEM_SHADOW`).
+    pub setting: &'static str,
     /// The spec.
     pub spec: String,
     /// Why.
-    pub cause: SpecError,
+    pub cause: Box<SpecError>,
 }
+
+/// What a control status needs of one open device: its index, its
+/// allocator and its shadow.
+pub type DeviceStatusInput = (i32, std::sync::Arc<dyn ControlledRank>, Option<ShadowHandle>);
 
 /// The library's state (see the module documentation).
 pub struct State {
     config: Config,
-    /// The spec of the policies in force.
+    /// What the policies in force are, in words (the spec, then the swaps).
     policy: String,
-    engine: Option<Box<dyn Engine>>,
-    /// The device ordinal the engine serves.
-    ordinal: Option<i32>,
-    /// Why the engine could not be opened (then every allocation is refused).
-    open_error: Option<String>,
-    /// Policies for the engine, until it opens.
-    pending: Option<Policies>,
-    /// The planner for the engine, until it opens.
-    pending_planner: Option<Box<dyn PlannerPolicy>>,
-    live: FxHashMap<u64, Live>,
-    streams: FxHashMap<usize, StreamId>,
-    trace: Option<Vec<Event>>,
-    next_trace_id: u64,
+    /// The configured spec resolved once, for the first device to open.
+    pending: Option<Resolved>,
+    /// Swaps since the start, replayed on devices that open later.
+    swaps: Vec<(SwapOptions, String)>,
+    devices: BTreeMap<i32, DeviceState>,
+    /// Why a device could not be opened (then its allocations are refused).
+    open_errors: BTreeMap<i32, String>,
+    /// The last phase mark and its step.
+    phase: Option<(Phase, u64)>,
+    /// Memory history entries kept per device (0: off).
+    history_max: usize,
 }
 
 impl std::fmt::Debug for State {
@@ -99,77 +90,42 @@ impl std::fmt::Debug for State {
         f.debug_struct("State")
             .field("config", &self.config)
             .field("policy", &self.policy)
-            .field("ordinal", &self.ordinal)
-            .field("live", &self.live.len())
+            .field("devices", &self.devices.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()
     }
 }
 
 impl State {
-    /// A state for `config`: resolves its policy spec now (the device is
-    /// opened at the first allocation).
+    /// A state for `config`: resolves its policy and shadow specs now (the
+    /// devices are opened at their first allocation).
     pub fn new(config: Config) -> Result<State, PolicyConfigError> {
-        let resolved =
-            resolve_spec(&config.policy).map_err(|cause| PolicyConfigError { spec: config.policy.clone(), cause })?;
-        let (policies, planner) = (resolved.policies, resolved.planner);
+        let pending = resolve_spec(&config.policy).map_err(|cause| PolicyConfigError {
+            setting: "WASMEM_POLICY",
+            spec: config.policy.clone(),
+            cause: Box::new(cause),
+        })?;
+        if let Some(s) = &config.shadow {
+            resolve_spec(s).map_err(|cause| PolicyConfigError {
+                setting: "WASMEM_SHADOW",
+                spec: s.clone(),
+                cause: Box::new(cause),
+            })?;
+        }
         Ok(State {
             policy: config.policy.clone(),
-            trace: config.trace_out.as_ref().map(|_| Vec::new()),
+            pending: Some(pending),
             config,
-            engine: None,
-            ordinal: None,
-            open_error: None,
-            pending: Some(policies),
-            pending_planner: planner,
-            live: FxHashMap::default(),
-            streams: FxHashMap::default(),
-            next_trace_id: 1,
+            swaps: Vec::new(),
+            devices: BTreeMap::new(),
+            open_errors: BTreeMap::new(),
+            phase: None,
+            history_max: 0,
         })
     }
 
     /// The configuration.
     pub fn config(&self) -> &Config {
         &self.config
-    }
-
-    /// The engine for `device`, opened on first use.
-    fn engine_for(&mut self, device: i32) -> Result<&mut dyn Engine, Failure> {
-        if let Some(e) = &self.open_error {
-            return Err(Failure::new(Cause::Init, e.clone()));
-        }
-        match self.ordinal {
-            Some(d) if d != device => {
-                return Err(Failure::new(
-                    Cause::WrongDevice,
-                    format!("this library serves device {d} only; a request for device {device} was refused"),
-                ))
-            }
-            Some(_) => {}
-            None => {
-                let ordinal = usize::try_from(device)
-                    .map_err(|_| Failure::new(Cause::WrongDevice, format!("invalid device index {device}")))?;
-                let policies = self.pending.take().unwrap_or_else(builtin::default_policies);
-                let planner = self.pending_planner.take();
-                match engine::open(self.config.backend, ordinal, policies, planner) {
-                    Ok(e) => {
-                        tracing::info!(
-                            "wasmem: serving {} device {device} ({} bytes) with policy `{}`",
-                            e.device_name(),
-                            e.capacity(),
-                            self.policy
-                        );
-                        self.engine = Some(e);
-                        self.ordinal = Some(device);
-                    }
-                    Err(e) => {
-                        let msg = format!("cannot open the {} device {device}: {e}", self.backend_name());
-                        self.open_error = Some(msg.clone());
-                        return Err(Failure::new(Cause::Init, msg));
-                    }
-                }
-            }
-        }
-        Ok(self.engine.as_deref_mut().expect("the engine is open"))
     }
 
     fn backend_name(&self) -> &'static str {
@@ -179,189 +135,339 @@ impl State {
         }
     }
 
-    /// The [`StreamId`] of a `cudaStream_t` value (the null stream is 0).
-    fn stream_id(&mut self, stream: usize) -> StreamId {
-        if stream == 0 {
-            return StreamId(0);
+    /// The state of `device`, opened on first use.
+    fn device(&mut self, device: i32) -> Result<&mut DeviceState, Failure> {
+        if let Some(e) = self.open_errors.get(&device) {
+            return Err(Failure::new(Cause::Init, e.clone()));
         }
-        let next = StreamId(self.streams.len() as u32 + 1);
-        *self.streams.entry(stream).or_insert(next)
+        if !self.devices.contains_key(&device) {
+            let d = self.open(device).inspect_err(|f| {
+                if f.cause == Cause::Init {
+                    self.open_errors.insert(device, f.msg.clone());
+                }
+            })?;
+            self.devices.insert(device, d);
+        }
+        Ok(self.devices.get_mut(&device).expect("opened above"))
     }
 
-    /// Allocates `size` bytes on `device` for `stream`. `Ok(0)` (null) for a
-    /// zero size, as PyTorch's own allocator answers.
+    fn open(&mut self, device: i32) -> Result<DeviceState, Failure> {
+        let ordinal = usize::try_from(device)
+            .map_err(|_| Failure::new(Cause::WrongDevice, format!("invalid device index {device}")))?;
+        if matches!(self.config.backend, Backend::Sim { .. }) && ordinal >= self.config.sim_devices as usize {
+            return Err(Failure::new(
+                Cause::WrongDevice,
+                format!("no sim device {device}: there are {} (WASMEM_SIM_DEVICES)", self.config.sim_devices),
+            ));
+        }
+        let resolved = match self.pending.take() {
+            Some(r) => r,
+            None => resolve_spec(&self.config.policy).map_err(|e| {
+                Failure::new(Cause::Init, format!("device {device}: policy `{}`: {e}", self.config.policy))
+            })?,
+        };
+        let mut engine = engine::open(self.config.backend, ordinal, resolved).map_err(|e| {
+            Failure::new(Cause::Init, format!("cannot open the {} device {device}: {e}", self.backend_name()))
+        })?;
+        for (opts, spec) in &self.swaps {
+            let applied = resolve_spec(spec)
+                .map_err(|e| e.to_string())
+                .and_then(|r| engine.swap(r, opts).map(|_| ()).map_err(|e| e.to_string()));
+            if let Err(e) = applied {
+                log::report(
+                    Cause::Policy,
+                    format!("device {device}: the swap to `{spec}` made before it opened failed: {e}"),
+                );
+            }
+        }
+        let shadow = match &self.config.shadow {
+            None => None,
+            Some(spec) => match resolve_spec(spec) {
+                Ok(r) => {
+                    let cfg = SimConfig { capacity: engine.capacity(), ..SimConfig::default() };
+                    Some(ShadowHandle::new(Shadow::from_resolved(spec, r, cfg)))
+                }
+                Err(e) => {
+                    log::report(Cause::Policy, format!("device {device}: shadow `{spec}` does not resolve: {e}"));
+                    None
+                }
+            },
+        };
+        tracing::info!(
+            "wasmem: serving {} device {device} ({} bytes) with policy `{}`{}",
+            engine.device_name(),
+            engine.capacity(),
+            self.policy,
+            self.config.shadow.as_ref().map_or_else(String::new, |s| format!(", shadow `{s}`"))
+        );
+        let mut d = DeviceState::new(device, engine, shadow, self.config.trace);
+        if self.history_max > 0 {
+            d.record_history(self.history_max);
+        }
+        Ok(d)
+    }
+
+    /// Allocates `size` bytes on `device` for `stream`, of the kind of this
+    /// thread's next allocation. `Ok(0)` (null) for a zero size, as
+    /// PyTorch's own allocator answers.
     pub fn malloc(&mut self, size: isize, device: i32, stream: usize) -> Result<u64, Failure> {
         let size = match u64::try_from(size) {
             Ok(0) => return Ok(0),
             Ok(s) => s,
             Err(_) => return Err(Failure::new(Cause::NegativeSize, format!("negative size {size} requested"))),
         };
-        let rounded = wasmem::types::round_up(size, ALIGN)
-            .ok_or_else(|| Failure::new(Cause::AllocFailed, format!("size {size} overflows when rounded")))?;
-        let sid = self.stream_id(stream);
-        let trace_id = self.next_trace_id;
-        let ev = Event::Alloc { id: trace_id, bytes: rounded, kind: TensorKind::Other, stream: sid.0, t_us: None };
-        let got = self.engine_for(device)?.apply(&ev).map_err(|e| match e {
-            DriveError::Alloc { cause: e @ AllocError::OutOfMemory { .. }, .. } => {
-                Failure::new(Cause::OutOfMemory, e.to_string())
-            }
-            DriveError::Alloc { cause, .. } => {
-                Failure::new(Cause::AllocFailed, format!("allocation of {size} bytes failed: {cause}"))
-            }
-            e => Failure::new(Cause::AllocFailed, format!("allocation of {size} bytes failed: {e}")),
-        })?;
-        let engine = self.engine.as_deref_mut().expect("opened above");
-        let Some((_, addr)) = got else {
-            return Err(Failure::new(Cause::AllocFailed, format!("allocation of {size} bytes got no storage")));
-        };
-        if addr == 0 || addr % ALIGN != 0 || self.live.contains_key(&addr) {
-            // Cannot happen with a sound device; refuse rather than hand out a bad pointer.
-            let _ = engine.apply(&Event::Free { id: trace_id, t_us: None });
-            return Err(Failure::new(Cause::AllocFailed, format!("the device returned an unusable address {addr:#x}")));
-        }
-        self.next_trace_id += 1;
-        if let Some(t) = self.trace.as_mut() {
-            t.push(Event::Alloc { id: trace_id, bytes: size, kind: TensorKind::Other, stream: sid.0, t_us: None });
-        }
-        self.live.insert(addr, Live { trace_id, bytes: size });
-        Ok(addr)
+        let kind = crate::kind::for_next_allocation();
+        self.device(device)?.malloc(size, kind, stream)
     }
 
-    /// Frees `ptr` (null: nothing to do). `size` is checked against the
-    /// request when given (non-zero); `device` and `stream` are those of the
-    /// allocation and not otherwise needed.
+    /// Frees `ptr` (null: nothing to do) of `device`.
     pub fn free(&mut self, ptr: u64, size: isize, device: i32) -> Result<(), Failure> {
         if ptr == 0 {
             return Ok(());
         }
-        let Some(live) = self.live.get(&ptr).copied() else {
-            return Err(Failure::new(
+        match self.devices.get_mut(&device) {
+            Some(d) => d.free(ptr, size),
+            None => Err(Failure::new(
                 Cause::UnknownPointer,
                 format!("free of {ptr:#x} ({size} bytes, device {device}): not allocated here, or already freed"),
-            ));
-        };
-        if size > 0 && size as u64 != live.bytes {
-            tracing::warn!("wasmem: free of {ptr:#x} says {size} bytes, it was allocated with {}", live.bytes);
+            )),
         }
-        // The allocator drops the handle before any device call that can fail
-        // (releasing an emptied segment), so the pointer is gone either way.
-        self.live.remove(&ptr);
-        if let Some(t) = self.trace.as_mut() {
-            t.push(Event::Free { id: live.trace_id, t_us: None });
-        }
-        let engine = self.engine.as_deref_mut().expect("a live pointer implies an open engine");
-        engine
-            .apply(&Event::Free { id: live.trace_id, t_us: None })
-            .map(|_| ())
-            .map_err(|e| Failure::new(Cause::FreeFailed, format!("free of {ptr:#x} failed: {e}")))
     }
 
-    /// Swaps in the roles `new` provides (the one swap: state carried
-    /// between instances of the same policy); before the engine opens, they
-    /// replace those roles of the policies it will open with.
-    pub fn swap(&mut self, new: Resolved) -> Result<(), Failure> {
-        let spec = new.spec.clone();
-        match self.engine.as_deref_mut() {
-            Some(e) => {
-                e.swap(new).map_err(|e| Failure::new(Cause::Policy, format!("swap to `{spec}` refused: {e}")))?;
-            }
-            None => {
-                let provided = new.provided();
-                if new.planner.is_some() {
-                    self.pending_planner = new.planner;
-                }
-                let p = self.pending.get_or_insert_with(builtin::default_policies);
-                let Policies { placement, reclamation, eviction } = new.policies;
-                if provided.contains(&Role::Placement) {
-                    p.placement = placement;
-                }
-                if provided.contains(&Role::Reclamation) {
-                    p.reclamation = reclamation;
-                }
-                if provided.contains(&Role::Eviction) {
-                    p.eviction = eviction;
-                }
+    /// Gives the storage at `ptr` on `device` the kind `kind`; `Ok(false)`
+    /// when it is not a live pointer of this library.
+    pub fn retag(&mut self, ptr: u64, device: i32, kind: TensorKind) -> Result<bool, Failure> {
+        match self.devices.get_mut(&device) {
+            Some(d) => d.retag(ptr, kind),
+            None => Ok(false),
+        }
+    }
+
+    /// Marks a phase on every open device.
+    pub fn phase(&mut self, phase: Phase, step: u64) -> Result<(), Failure> {
+        self.phase = Some((phase, step));
+        let mut first = None;
+        for d in self.devices.values_mut() {
+            if let Err(e) = d.phase(phase, step) {
+                first.get_or_insert(e);
             }
         }
-        self.policy = spec;
+        first.map_or(Ok(()), Err)
+    }
+
+    /// The devices `device` names: that one (when open), or every open one for -1.
+    fn selected(&mut self, device: i32) -> Result<Vec<&mut DeviceState>, Failure> {
+        if device == -1 {
+            return Ok(self.devices.values_mut().collect());
+        }
+        if device < -1 {
+            return Err(Failure::new(Cause::BadArgument, format!("invalid device index {device}")));
+        }
+        Ok(self.devices.get_mut(&device).into_iter().collect())
+    }
+
+    /// Releases the cached memory of `device` (-1: every device); returns the bytes.
+    pub fn release_cached(&mut self, device: i32) -> Result<u64, Failure> {
+        let mut total = 0;
+        for d in self.selected(device)? {
+            total += d.release_cached()?;
+        }
+        Ok(total)
+    }
+
+    /// Resets the peaks of `device` (-1: every device).
+    pub fn reset_peaks(&mut self, device: i32) -> Result<(), Failure> {
+        for d in self.selected(device)? {
+            d.reset_peaks();
+        }
         Ok(())
     }
 
-    /// The statistics as a JSON object: the allocator's [`Stats`] fields
-    /// (`live_bytes`, `peak_reserved_bytes`, `allocs`, …) plus `device`,
-    /// `device_index`, `capacity_bytes`, `policy`, `live_pointers`,
-    /// `streams`, `trace_events` (null when tracing is off) and `errors`
-    /// (counts by cause).
-    ///
-    /// [`Stats`]: wasmem::alloc::Stats
-    pub fn stats_json(&self) -> Value {
-        let stats = self.engine.as_ref().map(|e| e.stats()).unwrap_or_default();
-        let mut v = serde_json::to_value(&stats).unwrap_or_else(|_| json!({}));
-        if let Some(m) = v.as_object_mut() {
-            m.insert("device".into(), json!(self.backend_name()));
-            m.insert("device_index".into(), json!(self.ordinal));
-            m.insert("capacity_bytes".into(), json!(self.engine.as_ref().map(|e| e.capacity())));
-            m.insert("policy".into(), json!(self.policy));
-            m.insert("live_pointers".into(), json!(self.live.len()));
-            m.insert("streams".into(), json!(self.streams.len() + 1));
-            m.insert("trace_events".into(), json!(self.trace.as_ref().map(Vec::len)));
-            m.insert("errors".into(), json!(log::counts()));
+    /// Keeps the last `max` allocator actions per device for snapshots (0: off).
+    pub fn record_history(&mut self, max: usize) {
+        self.history_max = max;
+        for d in self.devices.values_mut() {
+            d.record_history(max);
         }
-        v
     }
 
-    /// The header and a copy of the events recorded so far, to be written
-    /// outside the lock.
-    pub fn trace_snapshot(&self) -> Result<(TraceHeader, Vec<Event>), Failure> {
-        let events = self.trace.as_ref().ok_or_else(|| {
-            Failure::new(Cause::Trace, "tracing is off: set WASMEM_TRACE_OUT before the first allocation")
-        })?;
-        let device = match self.ordinal {
-            Some(d) => format!("{}:{d}", self.backend_name()),
-            None => self.backend_name().to_string(),
+    /// The snapshot pickle of `device` (an empty snapshot of that device
+    /// when it is not open).
+    pub fn snapshot(&mut self, device: i32) -> Result<Vec<u8>, Failure> {
+        match self.devices.get_mut(&device) {
+            Some(d) => d.snapshot(),
+            None => {
+                let dev = u32::try_from(device)
+                    .map_err(|_| Failure::new(Cause::BadArgument, format!("invalid device index {device}")))?;
+                let input = wasmem::trace::snapshot::export::ExportInput { device: dev, ..Default::default() };
+                wasmem::trace::snapshot::export::export_bytes(&input)
+                    .map_err(|e| Failure::new(Cause::Trace, format!("snapshot: {e}")))
+            }
+        }
+    }
+
+    /// The policy names of the first open device, or of the policies the
+    /// first device will open with.
+    fn first_names(&self) -> [String; 3] {
+        match self.devices.values().next() {
+            Some(d) => d.engine().controlled().policy_names(),
+            None => match &self.pending {
+                Some(r) => Role::ALL.map(|role| r.policies.name(role).to_string()),
+                None => Role::ALL.map(|_| self.policy.clone()),
+            },
+        }
+    }
+
+    /// The open devices, in order.
+    pub fn open_devices(&self) -> Vec<i32> {
+        self.devices.keys().copied().collect()
+    }
+
+    /// Prepares a swap of `role` to `spec` for the devices open now (see
+    /// [`State::swap`]); the spec is resolved outside any lock by the caller.
+    pub fn swap_inputs(&self) -> ([String; 3], Vec<i32>) {
+        (self.first_names(), self.open_devices())
+    }
+
+    /// Applies a prepared swap to the open devices `devices` (those it was
+    /// prepared for) and records it for devices that open later.
+    pub fn apply_swap(
+        &mut self,
+        prepared: PreparedSwap,
+        devices: &[i32],
+        role: RoleArg,
+        spec: &str,
+    ) -> Result<SwapOutcome, Failure> {
+        if self.open_devices() != devices {
+            return Err(Failure::new(Cause::Policy, "a device opened while the swap was prepared"));
+        }
+        let opts = prepared.options().clone();
+        let ranks: Vec<std::sync::Arc<dyn ControlledRank>> =
+            self.devices.values().map(|d| d.engine().controlled()).collect();
+        let refs: Vec<&dyn ControlledRank> = ranks.iter().map(|r| &**r).collect();
+        let out =
+            prepared.apply(&refs).map_err(|e| Failure::new(Cause::Policy, format!("swap to `{spec}` refused: {e}")))?;
+        // A swap of every role a spec provides, all three, is all that
+        // matters for later devices: older swaps are superseded.
+        if opts.roles.is_none() && out.roles.len() == Role::ALL.len() {
+            self.swaps.clear();
+        }
+        self.swaps.push((opts, spec.to_string()));
+        self.policy = match role {
+            RoleArg::All if out.roles.len() == Role::ALL.len() => spec.trim().to_string(),
+            _ => format!("{} + {} from `{}`", self.policy, out.roles.join("/"), spec.trim()),
         };
-        let source = format!("wasmem-capi (PyTorch pluggable allocator), device {device}, policy {}", self.policy);
-        Ok((TraceHeader { source, ranks: 1 }, events.clone()))
+        Ok(out)
+    }
+
+    /// The statistics as a JSON object: per device (`devices`, each with the
+    /// allocator's `Stats` fields, see [`DeviceState::stats_json`]), their
+    /// sums at the top level (peaks: the sum of the devices' peaks), and
+    /// `device` (backend), `device_index` (the first open device), `policy`,
+    /// `phase`, `step`, `ctl_socket`, `shadow_policy`, `errors` (counts by
+    /// cause).
+    pub fn stats_json(&self, ctl_socket: Option<String>) -> Value {
+        let devices: Vec<Value> = self.devices.values().map(DeviceState::stats_json).collect();
+        let mut top = Map::new();
+        for d in &devices {
+            for (k, v) in d.as_object().into_iter().flatten() {
+                if let (Some(n), false) = (v.as_u64(), k == "device_index") {
+                    let sum = top.get(k).and_then(Value::as_u64).unwrap_or(0) + n;
+                    top.insert(k.clone(), json!(sum));
+                }
+            }
+        }
+        if devices.is_empty() {
+            let zero = serde_json::to_value(wasmem::alloc::Stats::default()).unwrap_or_else(|_| json!({}));
+            for (k, v) in zero.as_object().into_iter().flatten() {
+                top.insert(k.clone(), v.clone());
+            }
+            for k in ["requested_bytes", "peak_requested_bytes", "live_pointers"] {
+                top.insert(k.into(), json!(0));
+            }
+            top.insert("streams".into(), json!(1));
+        }
+        if !self.config.trace {
+            top.insert("trace_events".into(), Value::Null);
+        } else {
+            top.entry("trace_events").or_insert(json!(0));
+        }
+        top.insert("device".into(), json!(self.backend_name()));
+        top.insert("device_index".into(), json!(self.devices.keys().next()));
+        let capacity = self.devices.values().next().map(|d| d.engine().capacity());
+        top.insert("capacity_bytes".into(), json!(capacity));
+        top.insert("policy".into(), json!(self.policy));
+        top.insert("phase".into(), json!(self.phase.map(|p| p.0.as_str())));
+        top.insert("step".into(), json!(self.phase.map(|p| p.1)));
+        top.insert("ctl_socket".into(), json!(ctl_socket));
+        top.insert("shadow_policy".into(), json!(self.config.shadow));
+        top.insert("rank".into(), json!(self.config.rank));
+        top.insert("errors".into(), json!(log::counts()));
+        top.insert("devices".into(), Value::Array(devices));
+        Value::Object(top)
+    }
+
+    /// Everything a control status needs, to be read outside the lock:
+    /// per open device its index, allocator and shadow; the last step.
+    pub fn status_inputs(&self) -> (Vec<DeviceStatusInput>, Option<u64>) {
+        let devs = self.devices.values().map(|d| (d.index(), d.engine().controlled(), d.shadow().cloned())).collect();
+        (devs, self.phase.map(|p| p.1))
+    }
+
+    /// The traces of the devices (a header and a copy of the events each),
+    /// to be written outside the lock.
+    pub fn trace_snapshot(&self) -> Result<Vec<(i32, TraceHeader, Vec<Event>)>, Failure> {
+        if !self.config.trace {
+            return Err(Failure::new(
+                Cause::Trace,
+                "tracing is off: set WASMEM_TRACE_OUT, or trace=True in wasmem_init, before the first allocation",
+            ));
+        }
+        Ok(self
+            .devices
+            .values()
+            .filter_map(|d| {
+                let t = d.trace()?;
+                let source = format!(
+                    "wasmem-capi (PyTorch pluggable allocator), device {}:{}, policy {}",
+                    self.backend_name(),
+                    d.index(),
+                    self.policy
+                );
+                Some((d.index(), TraceHeader { source, ranks: 1 }, t.events().to_vec()))
+            })
+            .collect())
     }
 
     /// Checks the invariants of the module documentation.
     pub fn check_invariants(&self) -> Result<(), InvariantError> {
-        self.check_all().map_err(InvariantError)
-    }
-
-    fn check_all(&self) -> Result<(), String> {
-        if let Some(e) = &self.engine {
-            let s = e.stats();
-            if s.allocs - s.frees != self.live.len() as u64 {
-                return Err(format!("{} live pointers but {} allocs − {} frees", self.live.len(), s.allocs, s.frees));
+        for (i, d) in &self.devices {
+            if self.open_errors.contains_key(i) {
+                return Err(InvariantError(format!("device {i} is open and failed to open")));
             }
-        } else if !self.live.is_empty() {
-            return Err("live pointers without an engine".into());
-        }
-        let mut ids: Vec<u32> = self.streams.values().map(|s| s.0).collect();
-        ids.sort_unstable();
-        if ids.iter().enumerate().any(|(i, &s)| s != i as u32 + 1) {
-            return Err(format!("stream ids are not 1..={}: {ids:?}", ids.len()));
-        }
-        if let Some(t) = &self.trace {
-            let mut open: FxHashMap<u64, ()> = FxHashMap::default();
-            for ev in t {
-                match *ev {
-                    Event::Alloc { id, .. } => open.insert(id, ()).map_or(Ok(()), |_| Err(format!("id {id} reused"))),
-                    Event::Free { id, .. } => open.remove(&id).ok_or(format!("free of dead id {id}")),
-                    _ => Err("unexpected event".to_string()),
-                }?;
-            }
-            if open.len() != self.live.len() || self.live.values().any(|l| !open.contains_key(&l.trace_id)) {
-                return Err("trace live ids differ from live pointers".into());
-            }
+            d.check().map_err(InvariantError)?;
         }
         Ok(())
     }
 }
 
+/// Where the trace of `device` goes when a process writes one trace per
+/// device: `path` itself for the only (or first) device, else
+/// `<stem>.dev<N>.jsonl[.gz]` beside it.
+pub fn trace_path(path: &std::path::Path, device: i32, first: bool) -> std::path::PathBuf {
+    if first {
+        return path.to_path_buf();
+    }
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let (stem, ext) = match name.find(".jsonl") {
+        Some(i) => (&name[..i], &name[i..]),
+        None => (name.as_str(), ""),
+    };
+    path.with_file_name(format!("{stem}.dev{device}{ext}"))
+}
+
 /// Writes a trace file (outside the lock).
-pub fn write_trace(path: &Path, header: &TraceHeader, events: &[Event]) -> Result<(), Failure> {
+pub fn write_trace(path: &std::path::Path, header: &TraceHeader, events: &[Event]) -> Result<(), Failure> {
     wasmem::trace::write_file(path, header, events)
         .map_err(|e| Failure::new(Cause::Trace, format!("writing the trace to {}: {e}", path.display())))
 }

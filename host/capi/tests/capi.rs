@@ -72,6 +72,7 @@ fn c_abi_on_sim() {
     std::env::set_var("WASMEM_DEVICE", "sim");
     std::env::set_var("WASMEM_SIM_CAPACITY", "1GiB");
     std::env::set_var("WASMEM_POLICY", "lifecycle");
+    std::env::set_var("WASMEM_SIM_DEVICES", "1");
     // Written again at exit (checked in `exports.rs`); left in the temp dir.
     let at_exit = std::env::temp_dir().join(format!("wasmem-capi-test-{}.jsonl", std::process::id()));
     std::env::set_var("WASMEM_TRACE_OUT", &at_exit);

@@ -6,8 +6,31 @@ use std::path::PathBuf;
 use std::process::Command;
 
 /// The C ABI: exactly these symbols, nothing else.
-const EXPORTS: [&str; 5] =
-    ["wasmem_dump_trace", "wasmem_free", "wasmem_malloc", "wasmem_stats_json", "wasmem_swap_policy"];
+const EXPORTS: [&str; 23] = [
+    "wasmem_dump_trace",
+    "wasmem_empty_cache",
+    "wasmem_free",
+    "wasmem_init",
+    "wasmem_last_error",
+    "wasmem_malloc",
+    "wasmem_phase",
+    "wasmem_record_history",
+    "wasmem_recorder_alloc",
+    "wasmem_recorder_close",
+    "wasmem_recorder_free",
+    "wasmem_recorder_open",
+    "wasmem_recorder_phase",
+    "wasmem_recorder_retag",
+    "wasmem_recorder_save",
+    "wasmem_recorder_stats",
+    "wasmem_reset_peaks",
+    "wasmem_retag",
+    "wasmem_set_default_kind",
+    "wasmem_set_kind",
+    "wasmem_snapshot",
+    "wasmem_stats_json",
+    "wasmem_swap_policy",
+];
 
 /// `libwasmem_capi.so`, built with this test (`target/<profile>/`).
 fn library() -> PathBuf {

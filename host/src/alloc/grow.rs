@@ -103,6 +103,7 @@ impl<D: Device> Allocator<D> {
             served => return served,
         }
         // 4. Pending frees complete once the streams are waited for.
+        self.stats.alloc_retries += 1;
         self.drain_deferred()?;
         // 5. Reclamation after the failure, unless even releasing every cached
         // byte could not make room; stitching if it asks.

@@ -879,6 +879,17 @@ impl<D: Device> Allocator<D> {
         self.tensors.get(id)
     }
 
+    /// Changes the kind of live tensor `id`: a client that learns what a
+    /// storage holds only after allocating it (PyTorch: a gradient, an
+    /// activation saved for backward) says so. The tensor stays in its block
+    /// and pool (placement was decided at allocation); what reads the kind
+    /// later (eviction candidates, segment views and snapshot exports) sees
+    /// the new one.
+    pub fn retag(&mut self, id: TensorId, kind: TensorKind) -> Result<(), AllocError> {
+        self.tensors.get_mut(id).ok_or(AllocError::UnknownTensor(id))?.kind = kind;
+        Ok(())
+    }
+
     /// The current device address of a tensor (valid until the next allocator call).
     pub fn address(&self, id: TensorId) -> Result<DevicePtr, AllocError> {
         match self.tensors.get(id) {

@@ -74,6 +74,7 @@ impl Stats {
             uses: self.uses - earlier.uses,
             cache_hits: self.cache_hits - earlier.cache_hits,
             ooms: self.ooms - earlier.ooms,
+            alloc_retries: self.alloc_retries - earlier.alloc_retries,
             device_alloc_calls: self.device_alloc_calls - earlier.device_alloc_calls,
             device_free_calls: self.device_free_calls - earlier.device_free_calls,
             device_syncs: self.device_syncs - earlier.device_syncs,
@@ -119,6 +120,9 @@ pub struct Stats {
     pub cache_hits: u64,
     /// Requests that failed after every remedy.
     pub ooms: u64,
+    /// Requests the device refused a new segment for, retried after the
+    /// remedies that free memory (PyTorch's `num_alloc_retries`).
+    pub alloc_retries: u64,
     /// Segment allocations made on the device.
     pub device_alloc_calls: u64,
     /// Segment releases made on the device.

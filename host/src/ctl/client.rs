@@ -33,8 +33,25 @@ pub enum ClientError {
 /// directory (sockets nobody listens on, left by a process that was killed,
 /// are skipped).
 pub fn choose_socket(given: Option<&Path>) -> Result<PathBuf, ClientError> {
+    let mut live = choose_sockets(given)?;
+    if live.len() == 1 {
+        return Ok(live.remove(0));
+    }
+    let list = live.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
+    Err(ClientError::Connect(format!(
+        "several wasmem sockets in {}: {list}; choose one with --socket",
+        default_socket_dir().display()
+    )))
+}
+
+/// The sockets to talk to: `given`, or every live socket in the default
+/// directory, sorted by name (one per process of the node: a `wasmem train`
+/// run, or each rank of a PyTorch job with `wasmem.torch.enable(ctl=True)`).
+/// Sockets nobody listens on, left by a process that was killed, are skipped;
+/// none live is an error that names them.
+pub fn choose_sockets(given: Option<&Path>) -> Result<Vec<PathBuf>, ClientError> {
     if let Some(p) = given {
-        return Ok(p.to_path_buf());
+        return Ok(vec![p.to_path_buf()]);
     }
     let dir = default_socket_dir();
     let mut socks: Vec<PathBuf> = std::fs::read_dir(&dir)
@@ -45,23 +62,17 @@ pub fn choose_socket(given: Option<&Path>) -> Result<PathBuf, ClientError> {
         .filter(|p| p.extension().is_some_and(|x| x == "sock"))
         .collect();
     socks.sort();
-    let (mut live, stale): (Vec<PathBuf>, Vec<PathBuf>) =
-        socks.into_iter().partition(|p| UnixStream::connect(p).is_ok());
+    let (live, stale): (Vec<PathBuf>, Vec<PathBuf>) = socks.into_iter().partition(|p| UnixStream::connect(p).is_ok());
     let list = |v: &[PathBuf]| v.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
-    match live.len() {
-        1 => Ok(live.remove(0)),
-        0 if stale.is_empty() => {
+    match (live.is_empty(), stale.is_empty()) {
+        (false, _) => Ok(live),
+        (true, true) => {
             Err(ClientError::Connect(format!("no running wasmem found in {}; give --socket", dir.display())))
         }
-        0 => Err(ClientError::Connect(format!(
+        (true, false) => Err(ClientError::Connect(format!(
             "no running wasmem found in {} (nobody listens on {}); give --socket",
             dir.display(),
             list(&stale)
-        ))),
-        _ => Err(ClientError::Connect(format!(
-            "several wasmem sockets in {}: {}; choose one with --socket",
-            dir.display(),
-            list(&live)
         ))),
     }
 }

@@ -19,9 +19,9 @@ mod ranks;
 pub mod server;
 pub mod status;
 
-pub use client::{choose_socket, request, request_raw, ClientError};
+pub use client::{choose_socket, choose_sockets, request, request_raw, ClientError};
 pub use protocol::{ProtocolError, Reply, Request, RoleArg, UnknownRole, MAX_REQUEST_BYTES};
-pub use ranks::{RankControl, StatusHook};
+pub use ranks::{prepare_swap, ControlledRank, PreparedSwap, RankControl, StatusHook};
 pub use server::{
     current_uid, default_socket_dir, default_socket_path, Control, CtlServer, ServerError, ServerOptions, SwapOutcome,
 };

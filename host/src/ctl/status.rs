@@ -15,6 +15,10 @@ use crate::types::human_bytes;
 pub struct Status {
     /// Process id of the server.
     pub pid: u32,
+    /// The process's rank in its job (`RANK`), for a process that is one rank
+    /// of a multi-process job (PyTorch under `torchrun`); `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_rank: Option<u32>,
     /// Current training step, when the driver reports one.
     #[serde(default)]
     pub step: Option<u64>,
@@ -30,6 +34,10 @@ pub struct Status {
 pub struct RankStatus {
     /// Rank.
     pub rank: usize,
+    /// The device this allocator serves, when the process has one allocator
+    /// per device (the C ABI); `None` for a rank of `wasmem train`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<u32>,
     /// Active policy per role.
     pub policies: RolePolicies,
     /// Failure accounting per role (placement, reclamation, eviction).
@@ -148,6 +156,10 @@ pub struct Counters {
 pub struct ShadowSummary {
     /// Rank whose events the shadow sees.
     pub rank: usize,
+    /// Device whose events the shadow sees (the C ABI's allocators); `None`
+    /// for a rank of `wasmem train`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<u32>,
     /// The shadow policy spec.
     pub label: String,
     /// Active policy per role in the shadow.
@@ -195,6 +207,7 @@ pub fn rank_status<D: Device>(rank: usize, a: &Allocator<D>) -> RankStatus {
         .collect();
     RankStatus {
         rank,
+        device: None,
         policies: role_policies(a.policies().names()),
         health,
         memory: MemoryView {
@@ -242,6 +255,7 @@ pub fn shadow_summary(rank: usize, h: &ShadowHandle) -> ShadowSummary {
     let st = h.status();
     ShadowSummary {
         rank,
+        device: None,
         label: st.label,
         policies: role_policies(st.policies),
         events: st.metrics.events,
@@ -259,13 +273,15 @@ pub fn shadow_summary(rank: usize, h: &ShadowHandle) -> ShadowSummary {
 pub fn render(s: &Status) -> String {
     let mut o = String::new();
     let step = s.step.map_or_else(|| "step unknown".to_string(), |n| format!("step {n}"));
-    let _ = writeln!(o, "wasmem pid {} · {step} · {} rank(s)", s.pid, s.ranks.len());
+    let of = s.process_rank.map_or_else(String::new, |r| format!(" · process rank {r}"));
+    let _ = writeln!(o, "wasmem pid {}{of} · {step} · {} rank(s)", s.pid, s.ranks.len());
     for r in &s.ranks {
         let p = &r.policies;
         let (m, c) = (&r.memory, &r.counters);
+        let dev = r.device.map_or_else(String::new, |d| format!(" (device {d})"));
         let _ = writeln!(
             o,
-            "rank {}: placement={} reclamation={} eviction={}",
+            "rank {}{dev}: placement={} reclamation={} eviction={}",
             r.rank, p.placement, p.reclamation, p.eviction
         );
         let _ = writeln!(
@@ -323,9 +339,10 @@ pub fn render(s: &Status) -> String {
         }
     }
     for sh in &s.shadows {
+        let dev = sh.device.map_or_else(String::new, |d| format!(" device {d}"));
         let _ = writeln!(
             o,
-            "shadow of rank {} ({}: placement={} reclamation={} eviction={}): {} events, peak reserved {}, \
+            "shadow of rank {}{dev} ({}: placement={} reclamation={} eviction={}): {} events, peak reserved {}, \
              peak allocated {}, {} device allocs, {} OOMs, {} fallbacks, {} errors{}",
             sh.rank,
             sh.label,

@@ -82,12 +82,17 @@ pub enum Command {
         #[command(subcommand)]
         cmd: PolicyCommand,
     },
-    /// Talk to a running `wasmem train` over its control socket.
+    /// Talk to running wasmem processes over their control sockets: a
+    /// `wasmem train --ctl` run, or every rank of a PyTorch job that called
+    /// `wasmem.torch.enable(ctl=True)`.
     Ctl {
-        /// The control socket (default: the only socket in $XDG_RUNTIME_DIR/wasmem,
-        /// or in <tmp>/wasmem-<uid> without XDG_RUNTIME_DIR).
+        /// The control socket (default: every live socket in $XDG_RUNTIME_DIR/wasmem,
+        /// or in <tmp>/wasmem-<uid> without XDG_RUNTIME_DIR: one per process of this node).
         #[arg(long, global = true)]
         socket: Option<PathBuf>,
+        /// Only the process of this rank (`RANK` of a PyTorch job).
+        #[arg(long, global = true)]
+        rank: Option<u32>,
         #[command(subcommand)]
         cmd: CtlCommand,
     },
@@ -256,7 +261,7 @@ fn parse_project_role(s: &str) -> Result<wasmem::policy::scaffold::ProjectRole, 
 
 #[derive(Subcommand)]
 pub enum CtlCommand {
-    /// Replace a role's policy on every rank, from the next decision on.
+    /// Replace a role's policy on every rank of every process, from the next decision on.
     Swap {
         /// placement, reclamation, eviction, or all (every role POLICY provides).
         #[arg(value_parser = wasmem::ctl::RoleArg::parse)]
@@ -264,7 +269,7 @@ pub enum CtlCommand {
         /// A policy spec, as `--policy` takes it.
         policy: String,
     },
-    /// Show the active policies, counters and memory of every rank.
+    /// Show the active policies, counters and memory of every rank of every process.
     Status {
         /// Print the status as JSON.
         #[arg(long)]

@@ -329,25 +329,75 @@ fn announce(ctl: Option<&std::path::Path>) {
     }
 }
 
-fn ctl(socket: Option<std::path::PathBuf>, cmd: CtlCommand) -> Result<()> {
-    let path = wasmem::ctl::choose_socket(socket.as_deref())?;
+/// The statuses of the sockets `ctl` talks to, with `--rank` applied: a
+/// process whose status names another rank (or none, when one was asked) is
+/// left out.
+fn ctl_targets(
+    socket: Option<&std::path::Path>,
+    rank: Option<u32>,
+    timeout: Duration,
+) -> Result<Vec<(std::path::PathBuf, serde_json::Value)>> {
+    let mut out = Vec::new();
+    for path in wasmem::ctl::choose_sockets(socket)? {
+        let v = wasmem::ctl::request(&path, &wasmem::ctl::Request::Status, timeout)
+            .with_context(|| format!("control socket {}", path.display()))?;
+        let theirs = v.get("process_rank").and_then(serde_json::Value::as_u64);
+        if rank.is_none() || theirs == rank.map(u64::from) {
+            out.push((path, v));
+        }
+    }
+    if out.is_empty() {
+        bail!("no running wasmem process has rank {}", rank.map_or_else(String::new, |r| r.to_string()));
+    }
+    Ok(out)
+}
+
+fn ctl(socket: Option<std::path::PathBuf>, rank: Option<u32>, cmd: CtlCommand) -> Result<()> {
     // A swap may compile a policy before it answers.
     let timeout = Duration::from_secs(120);
+    let targets = ctl_targets(socket.as_deref(), rank, timeout)?;
+    let many = targets.len() > 1;
     match cmd {
         CtlCommand::Swap { role, policy } => {
-            let v = wasmem::ctl::request(&path, &wasmem::ctl::Request::Swap { role, policy }, timeout)?;
-            let o: wasmem::ctl::SwapOutcome = serde_json::from_value(v)?;
-            for ((r, old), new) in o.roles.iter().zip(&o.old).zip(&o.new) {
-                outln!("{r}: {old} → {new} on {} rank(s), from the next decision", o.ranks);
+            let mut failed = Vec::new();
+            for (path, _) in &targets {
+                let req = wasmem::ctl::Request::Swap { role, policy: policy.clone() };
+                match wasmem::ctl::request(path, &req, timeout) {
+                    Ok(v) => {
+                        let o: wasmem::ctl::SwapOutcome = serde_json::from_value(v)?;
+                        let at = if many { format!(" ({})", path.display()) } else { String::new() };
+                        for ((r, old), new) in o.roles.iter().zip(&o.old).zip(&o.new) {
+                            outln!("{r}: {old} → {new} on {} rank(s), from the next decision{at}", o.ranks);
+                        }
+                    }
+                    Err(e) if !many => return Err(e.into()),
+                    Err(e) => {
+                        note!("{}: {e}", path.display());
+                        failed.push(path.display().to_string());
+                    }
+                }
+            }
+            if !failed.is_empty() {
+                bail!("the swap failed on {} of {} process(es): {}", failed.len(), targets.len(), failed.join(", "));
             }
         }
         CtlCommand::Status { json } => {
-            let v = wasmem::ctl::request(&path, &wasmem::ctl::Request::Status, timeout)?;
-            if json {
-                outln!("{v}");
+            if json && !many {
+                outln!("{}", targets[0].1);
+            } else if json {
+                let all: Vec<serde_json::Value> = targets
+                    .iter()
+                    .map(|(p, v)| serde_json::json!({"socket": p.display().to_string(), "status": v}))
+                    .collect();
+                outln!("{}", serde_json::Value::Array(all));
             } else {
-                let s: wasmem::ctl::Status = serde_json::from_value(v)?;
-                out!("{}", wasmem::ctl::render_status(&s));
+                for (path, v) in targets {
+                    let s: wasmem::ctl::Status = serde_json::from_value(v)?;
+                    if many {
+                        outln!("== {} ==", path.display());
+                    }
+                    out!("{}", wasmem::ctl::render_status(&s));
+                }
             }
         }
     }
@@ -362,7 +412,7 @@ fn run(cli: Cli) -> Result<()> {
         cmd @ Command::Synth { .. } => synth(cmd),
         Command::Train(t) => train(t),
         Command::Plan { traces, synth, policy, json, deadline_ms } => plan(traces, synth, &policy, json, deadline_ms),
-        Command::Ctl { socket, cmd } => ctl(socket, cmd),
+        Command::Ctl { socket, rank, cmd } => ctl(socket, rank, cmd),
     }
 }
 

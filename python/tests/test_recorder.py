@@ -1,0 +1,178 @@
+"""Recording before a run: wasmem.torch.Recorder on the meta device with
+real `transformers` models built from a config (GPT-2 and a Llama shape,
+3 training steps): the trace's peak live equals an independent recount, every
+kind and phase appears, params + optimizer states live at the end are the
+model's and the optimizer's bytes exactly, and `wasmem compare` replays it."""
+
+import gzip
+import json
+import subprocess
+from collections import Counter
+
+import pytest
+
+from conftest import last_json, run_py, wasmem_bin
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+MODELS = {
+    "gpt2": "transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4, "
+    "vocab_size=1000, n_positions=128, bos_token_id=0, eos_token_id=0))",
+    "llama": "transformers.LlamaForCausalLM(transformers.LlamaConfig(num_hidden_layers=2, hidden_size=128, "
+    "intermediate_size=344, num_attention_heads=4, num_key_value_heads=2, vocab_size=1000, "
+    "max_position_embeddings=128, bos_token_id=0, eos_token_id=0))",
+}
+
+SCRIPT = """
+import json, torch, transformers
+from wasmem.torch import Recorder
+with Recorder(device="meta") as rec:
+    model = {model}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tracker = rec.track(model, opt)
+    for step in range(3):
+        ids = torch.randint(0, 1000, (2, 64))
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    del out, ids
+    rec.save({path!r})
+    param_bytes = sum(t.untyped_storage().nbytes() for t in list(model.parameters()) + list(model.buffers()))
+    trained_bytes = sum(t.untyped_storage().nbytes() for t in model.parameters() if t.requires_grad)
+    state_bytes = sum(v.untyped_storage().nbytes() for s in opt.state.values() for v in s.values()
+                      if isinstance(v, torch.Tensor) and v.device.type == "meta")
+    print(json.dumps({{"stats": rec.stats(), "param_bytes": param_bytes, "state_bytes": state_bytes,
+                      "trained_bytes": trained_bytes,
+                      "steps": tracker.step, "device": str(next(model.parameters()).device)}}))
+"""
+
+
+def read_trace(path):
+    with gzip.open(path, "rt") as f:
+        lines = [json.loads(line) for line in f]
+    return lines[0], lines[1:]
+
+
+def recount(events):
+    """Peak live bytes, and live bytes per kind at the end, from the events alone."""
+    live, cur, peak = {}, 0, 0
+    for e in events:
+        if e["op"] == "alloc":
+            assert e["id"] not in live
+            live[e["id"]] = e
+            cur += e["bytes"]
+            peak = max(peak, cur)
+        elif e["op"] == "free":
+            cur -= live.pop(e["id"])["bytes"]
+    end = Counter()
+    for e in live.values():
+        end[e["kind"]] += e["bytes"]
+    return peak, end
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_meta_recording_of_a_transformer(tmp_path, name):
+    path = tmp_path / f"{name}.jsonl.gz"
+    o = last_json(run_py(SCRIPT.format(model=MODELS[name], path=str(path))))
+    assert o["device"] == "meta" and o["steps"] == 3
+    header, events = read_trace(path)
+    assert header["format"] == "wasmem-trace" and "meta" in header["source"]
+    peak, end = recount(events)
+    assert peak == o["stats"]["peak_live_bytes"] > 0
+    kinds = {e["kind"] for e in events if e["op"] == "alloc"}
+    assert kinds >= {"param", "grad", "optim", "activation", "temp"}, kinds
+    phases = [(e["name"], e["step"]) for e in events if e["op"] == "phase"]
+    assert phases == [(p, s) for s in range(3) for p in ("forward", "backward", "optimizer", "step_end")]
+    assert end["param"] == o["param_bytes"] > 0
+    assert end["optim"] == o["state_bytes"] == 2 * o["trained_bytes"], "AdamW: two fp32 states per fp32 parameter"
+    assert end["grad"] == 0, "zero_grad(set_to_none=True) freed every gradient"
+    # Gradients are as large as the parameters that train, each step.
+    grads = sum(e["bytes"] for e in events if e["op"] == "alloc" and e["kind"] == "grad")
+    assert grads == 3 * o["trained_bytes"]
+
+    exe = wasmem_bin()
+    if exe is None:
+        pytest.skip("the wasmem CLI is not built: `wasmem compare` not run")
+    r = subprocess.run(
+        [str(exe), "compare", str(path), "--policy", "pytorch", "--policy", "defrag", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 2
+    for row in rows:
+        assert row["peak_live_bytes"] == peak
+        assert row["peak_reserved_bytes"] >= peak and row["ooms"] == 0
+    print(name, {row.get("policy"): row["peak_reserved_bytes"] for row in rows}, "peak live", peak)
+
+
+def test_cpu_recording_with_real_compute_and_manual_kinds(tmp_path):
+    path = tmp_path / "cpu.jsonl.gz"
+    o = last_json(
+        run_py(
+            f"""
+import json, torch
+import wasmem.torch as wt
+torch.manual_seed(0)
+with wt.Recorder(device="cpu") as rec:
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    rec.track(model, opt)
+    x, y = torch.randn(32, 64), torch.randn(32, 8)
+    losses = []
+    for _ in range(2):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    with wt.kind("activation"):
+        kept = torch.empty(1000)
+    rec.save({str(path)!r})
+print(json.dumps({{"losses": losses, "stats": rec.stats()}}))
+"""
+        )
+    )
+    assert o["losses"][1] < o["losses"][0], "it really trained"
+    _, events = read_trace(path)
+    allocs = [e for e in events if e["op"] == "alloc"]
+    assert allocs[-1]["kind"] == "activation" and allocs[-1]["bytes"] == 4000
+    assert {"param", "grad", "optim", "activation", "temp"} <= {e["kind"] for e in allocs}
+    assert recount(events)[0] == o["stats"]["peak_live_bytes"]
+
+
+def test_a_step_that_raises_propagates_and_the_trace_stays_valid(tmp_path):
+    path = tmp_path / "partial.jsonl.gz"
+    p = run_py(
+        f"""
+import json, torch
+import wasmem.torch as wt
+rec = wt.Recorder(device="meta")
+try:
+    with rec:
+        model = torch.nn.Linear(16, 16)
+        opt = torch.optim.AdamW(model.parameters())
+        rec.track(model, opt)
+        model(torch.randn(4, 16)).sum().backward()
+        opt.step()
+        model(torch.randn(4, 17))     # wrong shape: raises inside the recorder
+except RuntimeError as e:
+    print("raised:", str(e).splitlines()[0])
+assert torch.get_default_device().type == "cpu", "the default device is restored"
+rec.save({str(path)!r})
+try:
+    rec.track(torch.nn.ReLU())
+except Exception as e:
+    print("after:", type(e).__name__, e)
+print(json.dumps(rec.stats()))
+"""
+    )
+    assert "raised:" in p.stdout
+    _, events = read_trace(path)
+    assert recount(events)[0] == last_json(p)["peak_live_bytes"]
+    assert any(e["op"] == "phase" and e["name"] == "step_end" for e in events)
+    assert "after:" in p.stdout
