@@ -17,8 +17,17 @@ use std::path::{Path, PathBuf};
 
 /// The shipped policy names (the same list as `policy::resolve::SHIPPED_NAMES`;
 /// a unit test of `policy::resolve` checks that they agree).
-const SHIPPED: [&str; 7] =
-    ["pytorch-like", "lifecycle", "lru-evict", "watermark-reclaim", "defrag-reclaim", "size-class", "dtr-evict"];
+const SHIPPED: [&str; 9] = [
+    "pytorch-like",
+    "lifecycle",
+    "lru-evict",
+    "watermark-reclaim",
+    "defrag-reclaim",
+    "greedy-planner",
+    "size-class",
+    "dtr-evict",
+    "first-fit-planner",
+];
 
 /// Default largest component embedded, in bytes.
 const DEFAULT_MAX: u64 = 1 << 20;

@@ -24,15 +24,19 @@ mkdir -p "$out"
 
 COMPONENTIZE_PY_VERSION=0.25.1
 
-# The Python and JavaScript policies stay on WIT 0.1.0 (the frozen copy in
-# wit/compat/v0.1.0): they use no 0.2.0 item, and the engine loads both
-# versions, so policies/out keeps components of both versions.
+# The Python and JavaScript decision policies stay on WIT 0.1.0 (the frozen
+# copy in wit/compat/v0.1.0): they use no later item, and the engine loads
+# every version, so policies/out keeps components of several versions. The
+# Python planner needs 0.3.0 (wit/).
 # name:python-module:world:WIT folder (relative to the repository root)
-PYTHON_POLICIES=("size-class:size_class:placement-policy:wit/compat/v0.1.0")
+PYTHON_POLICIES=(
+  "size-class:size_class:placement-policy:wit/compat/v0.1.0"
+  "first-fit-planner:first_fit_planner:planner-policy:wit"
+)
 # name:source:world:WIT folder (relative to the repository root)
 JS_POLICIES=("dtr-evict:dtr-evict.js:eviction-policy:wit/compat/v0.1.0")
 # Rust crates (members of ./Cargo.toml) whose cdylib is a policy.
-RUST_POLICIES=(pytorch-like lru-evict watermark-reclaim lifecycle defrag-reclaim)
+RUST_POLICIES=(pytorch-like lru-evict watermark-reclaim lifecycle defrag-reclaim greedy-planner)
 
 step() { printf '==> %s\n' "$*"; }
 need() { command -v "$1" >/dev/null || { echo "build.sh: \`$1\` is required: $2" >&2; exit 1; }; }

@@ -359,7 +359,7 @@ pub fn validate_victims(candidates: &[EvictionCandidate], victims: &[TensorId]) 
 }
 
 /// Alignment of every planned offset (and the rounding of every planned request).
-pub const PLAN_ALIGN: u64 = 512;
+pub const PLAN_ALIGN: u64 = wasmem_plan_core::ALIGN;
 
 /// One request of a profiled step, as a planner sees it. Time is counted in
 /// requests: request `k` is allocated at time `k`.
@@ -382,9 +382,15 @@ pub struct PlanRequest {
 }
 
 impl PlanRequest {
+    /// The same request in the plain types of the planning algorithm
+    /// (`wasmem-plan-core`, shared with the policy SDK).
+    pub fn core(&self) -> wasmem_plan_core::Request {
+        wasmem_plan_core::Request { bytes: self.bytes, freed_at: self.freed_at, wraps_to: self.wraps_to }
+    }
+
     /// The bytes a planned block of this request takes.
     pub fn planned_bytes(&self) -> u64 {
-        self.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN
+        self.core().planned_bytes()
     }
 
     /// Whether request `k` (this one) has a known lifetime in the step's
@@ -392,17 +398,13 @@ impl PlanRequest {
     /// next step before that step's request `k` (otherwise two instances of
     /// it would be live at once). Only such requests can be planned.
     pub fn plannable(&self, k: u32) -> bool {
-        self.freed_at.is_some() || self.wraps_to.is_some_and(|w| w <= k)
+        self.core().plannable(k)
     }
 
     /// The time intervals it occupies in the cycle of a step of `n` requests
     /// (`k`: its index): one, or two when it wraps.
     pub fn intervals(&self, k: u32, n: u32) -> ([(u32, u32); 2], usize) {
-        match (self.freed_at, self.wraps_to) {
-            (Some(f), _) => ([(k, f.max(k + 1)), (0, 0)], 1),
-            (None, Some(w)) if w > 0 => ([(k, n), (0, w.min(k))], if w.min(k) > 0 { 2 } else { 1 }),
-            (None, _) => ([(k, n), (0, 0)], 1),
-        }
+        self.core().intervals(k, n)
     }
 }
 
@@ -558,7 +560,8 @@ pub enum PolicyError {
     /// The policy was disabled after repeated failures.
     #[error("policy disabled")]
     Disabled,
-    /// The policy refused a lifecycle request (e.g. a state it cannot load), with its reason.
+    /// The policy refused a request (a state it cannot load, a profile it
+    /// does not plan), with its reason.
     #[error("refused: {0}")]
     Refused(String),
 }

@@ -15,14 +15,15 @@ fn opts(config: &str) -> CheckOptions {
 #[test]
 fn shipped_rust_policies_pass() {
     let rt = common::relaxed_runtime();
-    for name in ["pytorch-like", "lru-evict", "watermark-reclaim", "lifecycle", "defrag-reclaim"] {
+    for name in ["pytorch-like", "lru-evict", "watermark-reclaim", "lifecycle", "defrag-reclaim", "greedy-planner"] {
         let path = need!(common::rust_policy(name));
         let v = check_with(&rt, &path, &opts(""));
         println!("{v}");
         assert!(v.passed(), "{v}");
         assert_eq!(v.policy, name);
-        assert_eq!(v.wit_version, Some(WitVersion::V0_2), "{v}");
-        assert!(v.to_string().contains("(wasmem:policy@0.2.0)"), "{v}");
+        assert_eq!(v.wit_version, Some(WitVersion::V0_3), "{v}");
+        assert!(v.to_string().contains("(wasmem:policy@0.3.0)"), "{v}");
+        assert_eq!(v.planner, name == "greedy-planner", "{v}");
     }
 }
 
@@ -165,6 +166,61 @@ fn hostile_modes_fail_with_reasons() {
         assert_eq!(item.outcome, Outcome::Fail, "{mode}: {v}");
         assert!(item.detail.contains(reason), "{mode}: {v}");
     }
+}
+
+#[test]
+fn a_planner_is_checked_on_fuzzed_profiles_and_hostile_plans_fail() {
+    let rt = runtime_with_deadline(Duration::from_millis(20)).unwrap();
+    let path = need!(common::hostile_planner());
+    let v = check_with(&rt, &path, &opts("mode=ok"));
+    println!("{v}");
+    common::assert_conformant(&v);
+    assert!(v.planner && v.roles.is_empty() && v.to_string().contains("roles: planner (wasmem:policy@0.3.0)"), "{v}");
+    for item in
+        ["planner: valid plans", "planner: determinism", "planner: a restored instance continues like the original"]
+    {
+        assert_eq!(v.item(item).map(|i| i.outcome), Some(Outcome::Pass), "{item}: {v}");
+    }
+    let c = v.planner_cost.as_ref().unwrap();
+    assert_eq!(c.calls, opts("").profiles() as u64);
+    assert!(c.largest >= 3000, "{c:?}");
+    for (mode, reason) in [
+        ("overlap", "share bytes"),
+        ("outside", "leaves the arena"),
+        ("unaligned", "not a multiple of 512"),
+        ("wrong-length", "entries for"),
+        ("too-large", "exceeds"),
+        ("unknown-life", "no known end of life"),
+        ("refuse", "hostile planner refuses a profile"),
+        ("trap", "hostile planner traps"),
+        ("deadline", "deadline exceeded"),
+    ] {
+        let v = check_with(&rt, &path, &opts(&format!("mode={mode}")));
+        assert!(!v.passed(), "{mode}: {v}");
+        let item = v.item("planner: valid plans").unwrap_or_else(|| panic!("{mode}: {v}"));
+        assert_eq!(item.outcome, Outcome::Fail, "{mode}: {v}");
+        assert!(item.detail.contains(reason) && item.detail.contains("planning call "), "{mode}: {v}");
+    }
+}
+
+#[test]
+fn a_planner_is_checked_on_the_profiles_of_a_trace() {
+    let path = need!(common::rust_policy("greedy-planner"));
+    let spec = wasmem::model::ModelSpec { steps: 3, ..wasmem::model::ModelSpec::preset("gpt2-124m").unwrap() };
+    let events = wasmem::synth::synth(&spec).unwrap();
+    let dir = common::cache_dir("check-trace-planner");
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("gpt2.jsonl");
+    let header = wasmem::trace::TraceHeader { source: "policy_check test".into(), ranks: 1 };
+    wasmem::trace::write_file(&trace, &header, &events).unwrap();
+    let rt = common::relaxed_runtime();
+    let v = check_trace(&rt, &path, &TraceOptions { trace, device_mem: None, config: String::new() });
+    println!("{v}");
+    common::assert_conformant(&v);
+    let item = v.item("planner: valid plans (trace)").unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(item.outcome, Outcome::Pass, "{v}");
+    assert_eq!(v.item("planner: determinism (trace)").map(|i| i.outcome), Some(Outcome::Pass), "{v}");
+    assert!(v.planner_cost.as_ref().is_some_and(|c| c.calls >= 1), "{v}");
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! `wasmem policy new`: a project for each language and role is created
+//! `wasmem policy new`: a project for each language and role (the planner
+//! of WIT 0.3.0 included) is created
 //! outside the repository, builds offline with the toolchains
 //! `policies/build.sh` installs, and passes `policy check` unchanged. A
 //! language whose toolchain is absent is skipped with a message. Also: the
@@ -10,9 +11,8 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use wasmem::decision::Role;
 use wasmem::policy::check::{check_with, CheckOptions};
-use wasmem::policy::scaffold::{new_project, Lang};
+use wasmem::policy::scaffold::{new_project, Lang, ProjectRole as Role};
 use wasmem::policy::Runtime;
 
 /// A fresh directory outside the repository.
@@ -25,6 +25,11 @@ fn check(path: &Path) {
     let v = check_with(Runtime::global().unwrap(), path, &CheckOptions::default());
     println!("{v}");
     common::assert_conformant(&v);
+    if v.planner {
+        let c = v.planner_cost.as_ref().unwrap_or_else(|| panic!("a planner without planning calls: {v}"));
+        assert_eq!(c.calls, CheckOptions::default().profiles() as u64, "{v}");
+        assert!(v.item("planner: valid plans").is_some(), "{v}");
+    }
 }
 
 #[test]
@@ -60,8 +65,12 @@ fn rust_projects_build_offline_and_pass() {
     }
     // One target directory for the three projects (the SDK's dependencies compile once).
     let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("policy-new-rust");
-    for (role, name) in [(Role::Placement, "my-place"), (Role::Reclamation, "my-reclaim"), (Role::Eviction, "my-evict")]
-    {
+    for (role, name) in [
+        (Role::Placement, "my-place"),
+        (Role::Reclamation, "my-reclaim"),
+        (Role::Eviction, "my-evict"),
+        (Role::Planner, "my-plan"),
+    ] {
         let d = outside("rust");
         let p = new_project(Lang::Rust, role, name, Some(&d.path().join(name))).unwrap();
         assert!(p.files.iter().any(|f| f.starts_with("sdk/wit")), "{p:?}");
@@ -82,8 +91,12 @@ fn rust_projects_build_offline_and_pass() {
 #[test]
 fn python_projects_build_and_pass() {
     let cpy = need!(common::componentize_py());
-    for (role, name) in [(Role::Placement, "py-place"), (Role::Reclamation, "py-reclaim"), (Role::Eviction, "py-evict")]
-    {
+    for (role, name) in [
+        (Role::Placement, "py-place"),
+        (Role::Reclamation, "py-reclaim"),
+        (Role::Eviction, "py-evict"),
+        (Role::Planner, "py-plan"),
+    ] {
         let d = outside("python");
         let p = new_project(Lang::Python, role, name, Some(&d.path().join(name))).unwrap();
         common::run_ok(
@@ -97,8 +110,12 @@ fn python_projects_build_and_pass() {
 #[test]
 fn javascript_projects_build_and_pass() {
     let modules = need!(common::componentize_js());
-    for (role, name) in [(Role::Placement, "js-place"), (Role::Reclamation, "js-reclaim"), (Role::Eviction, "js-evict")]
-    {
+    for (role, name) in [
+        (Role::Placement, "js-place"),
+        (Role::Reclamation, "js-reclaim"),
+        (Role::Eviction, "js-evict"),
+        (Role::Planner, "js-plan"),
+    ] {
         let d = outside("js");
         let p = new_project(Lang::Js, role, name, Some(&d.path().join(name))).unwrap();
         // Offline: the componentize-js that policies/build.sh installed stands
@@ -138,4 +155,19 @@ fn the_cli_creates_a_project_and_says_how_to_build_it() {
         .output()
         .unwrap();
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("expected rust, python or js"));
+    let out = Command::new(env!("CARGO_BIN_EXE_wasmem"))
+        .args(["policy", "new", "--lang", "rust", "--role", "planer", "x"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("eviction or planner"));
+    let dir = d.path().join("p");
+    let out = Command::new(env!("CARGO_BIN_EXE_wasmem"))
+        .args(["policy", "new", "--lang", "js", "--role", "planner", "my-plan", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("js planner policy `my-plan`"));
+    let js = std::fs::read_to_string(dir.join("my-plan.js")).unwrap();
+    assert!(js.contains("export const planner") && js.contains("wasmem:policy@0.3.0, world planner-policy"), "{js}");
 }

@@ -1,7 +1,9 @@
-//! WIT 0.1.0 and 0.2.0 side by side: components built against 0.1.0 (the
-//! prebuilt fixtures of `tests/data/wit-0.1.0`) load and decide exactly as
-//! the same policies rebuilt against 0.2.0; a 0.2.0 plan's compaction,
-//! stitching, trimming and paged-segments request reach the engine.
+//! WIT 0.1.0, 0.2.0 and 0.3.0 side by side: components built against 0.1.0
+//! and 0.2.0 (the prebuilt fixtures of `tests/data/wit-0.1.0` and
+//! `tests/data/wit-0.2.0`) load and decide exactly as the same policies
+//! rebuilt against the current package (0.3.0); a plan's compaction,
+//! stitching, trimming and paged-segments request reach the engine from a
+//! 0.2.0 component and from its 0.3.0 rebuild.
 #![cfg(feature = "wasm")]
 
 mod common;
@@ -21,6 +23,11 @@ use wasmem::types::{Phase, StreamId, TensorId, TensorKind, Tier, GIB, MIB};
 /// The 0.1.0 fixture `name`.
 fn old(name: &str) -> PathBuf {
     common::repo().join("tests/data/wit-0.1.0").join(format!("{name}.wasm"))
+}
+
+/// The 0.2.0 fixture `name`.
+fn v2(name: &str) -> PathBuf {
+    common::repo().join("tests/data/wit-0.2.0").join(format!("{name}.wasm"))
 }
 
 /// A small deterministic generator (SplitMix64).
@@ -88,8 +95,9 @@ fn candidates(rng: &mut Rng) -> Vec<EvictionCandidate> {
         .collect()
 }
 
-/// Every decision of `p` for a fixed series of inputs, as text.
-fn transcript(p: &WasmPolicy) -> Vec<String> {
+/// Every decision of `p` for a fixed series of inputs, as text;
+/// `release_only`: check that no decision compacts, stitches or trims (0.1.0).
+fn transcript(p: &WasmPolicy, release_only: bool) -> Vec<String> {
     let mut out = Vec::new();
     let mut rng = Rng(42);
     if let Some(mut pl) = p.placement() {
@@ -104,7 +112,7 @@ fn transcript(p: &WasmPolicy) -> Vec<String> {
         for i in 0..400 {
             let (t, ctx) = (trigger(&mut rng), context(&mut rng, i));
             let d = r.reclaim(&t, &ctx);
-            if let Ok(d) = &d {
+            if let (Ok(d), true) = (&d, release_only) {
                 assert_eq!((&d.compact, d.stitch, d.trim), (&None, false, false), "{}: {d:?}", p.name());
             }
             out.push(format!("reclaim {t:?} → {d:?}"));
@@ -122,7 +130,7 @@ fn transcript(p: &WasmPolicy) -> Vec<String> {
 }
 
 #[test]
-fn components_of_0_1_0_load_and_decide_as_their_0_2_0_rebuilds() {
+fn components_of_0_1_0_load_and_decide_as_their_rebuilds() {
     let rt = common::relaxed_runtime();
     for (name, roles) in [
         ("pytorch-like", vec![Role::Placement, Role::Reclamation]),
@@ -138,16 +146,49 @@ fn components_of_0_1_0_load_and_decide_as_their_0_2_0_rebuilds() {
 
         let new = need!(common::rust_policy(name));
         let loaded = rt.load(&new).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(loaded.wit_version(), WitVersion::V0_2, "{name}");
+        assert_eq!(loaded.wit_version(), WitVersion::V0_3, "{name}");
         assert_eq!(loaded.roles(), roles.as_slice(), "{name}");
         let b = loaded.instantiate("").unwrap();
-        let (ta, tb) = (transcript(&a), transcript(&b));
+        let (ta, tb) = (transcript(&a, true), transcript(&b, true));
         assert!(ta.len() >= 100, "{name}: {} decisions", ta.len());
         if let Some(i) = ta.iter().zip(&tb).position(|(x, y)| x != y) {
-            panic!("{name}: decision {i} differs: 0.1.0 `{}`, 0.2.0 `{}`", ta[i], tb[i]);
+            panic!("{name}: decision {i} differs: 0.1.0 `{}`, 0.3.0 `{}`", ta[i], tb[i]);
         }
         assert_eq!(ta.len(), tb.len(), "{name}");
         // State transfer works across versions (a hot swap from an old build to a new one).
+        b.load_state(&a.save_state().unwrap()).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
+
+#[test]
+fn components_of_0_2_0_load_and_decide_as_their_0_3_0_rebuilds() {
+    let rt = common::relaxed_runtime();
+    for (name, roles, config) in [
+        ("pytorch-like", vec![Role::Placement, Role::Reclamation], ""),
+        ("watermark-reclaim", vec![Role::Reclamation], ""),
+        ("lru-evict", vec![Role::Eviction], ""),
+        ("lifecycle", vec![Role::Placement, Role::Reclamation], ""),
+        ("defrag-reclaim", vec![Role::Reclamation], "cached_high=100MiB compact_fraction=0.05 frag=0.05"),
+    ] {
+        let loaded = rt.load(v2(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(loaded.wit_version(), WitVersion::V0_2, "{name}");
+        assert_eq!(loaded.roles(), roles.as_slice(), "{name}");
+        assert!(!loaded.exports_planner(), "{name}");
+        let a = loaded.instantiate(config).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!((a.name(), a.wit_version()), (name, WitVersion::V0_2));
+
+        let new = need!(common::rust_policy(name));
+        let loaded = rt.load(&new).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(loaded.wit_version(), WitVersion::V0_3, "{name}");
+        assert_eq!(loaded.roles(), roles.as_slice(), "{name}");
+        let b = loaded.instantiate(config).unwrap();
+        assert_eq!(a.paged_segments(), b.paged_segments(), "{name}");
+        let (ta, tb) = (transcript(&a, false), transcript(&b, false));
+        assert!(ta.len() >= 100, "{name}: {} decisions", ta.len());
+        if let Some(i) = ta.iter().zip(&tb).position(|(x, y)| x != y) {
+            panic!("{name}: decision {i} differs: 0.2.0 `{}`, 0.3.0 `{}`", ta[i], tb[i]);
+        }
+        assert_eq!(ta.len(), tb.len(), "{name}");
         b.load_state(&a.save_state().unwrap()).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
 }
@@ -176,6 +217,12 @@ fn components_of_0_1_0_replay_exactly_as_before() {
             format!("watermark-reclaim+{}", lifecycle.display()),
         ),
         (format!("{}+pytorch", old("lru-evict").display()), "lru-evict+pytorch".to_string()),
+        (format!("{}", v2("pytorch-like").display()), "pytorch-like".to_string()),
+        (
+            format!("{}+{}", v2("pytorch-like").display(), v2("defrag-reclaim").display()),
+            "pytorch-like+defrag-reclaim".to_string(),
+        ),
+        (format!("{}+pytorch", v2("lru-evict").display()), "lru-evict+pytorch".to_string()),
     ] {
         let (a, _) = replay_metrics(&old_spec);
         let (b, _) = replay_metrics(&new_spec);
@@ -185,11 +232,17 @@ fn components_of_0_1_0_replay_exactly_as_before() {
 }
 
 #[test]
-fn a_0_2_0_plan_reaches_the_engine() {
+fn a_reclamation_plan_reaches_the_engine_from_0_2_0_and_0_3_0() {
+    let rebuilt = need!(common::rust_policy("defrag-reclaim"));
+    for (path, version) in [(v2("defrag-reclaim"), WitVersion::V0_2), (rebuilt, WitVersion::V0_3)] {
+        a_plan_reaches_the_engine(&path, version);
+    }
+}
+
+fn a_plan_reaches_the_engine(path: &std::path::Path, version: WitVersion) {
     let rt = common::relaxed_runtime();
-    let path = need!(common::rust_policy("defrag-reclaim"));
-    let loaded = rt.load(&path).unwrap();
-    assert_eq!((loaded.wit_version(), loaded.roles()), (WitVersion::V0_2, &[Role::Reclamation][..]));
+    let loaded = rt.load(path).unwrap();
+    assert_eq!((loaded.wit_version(), loaded.roles()), (version, &[Role::Reclamation][..]));
     let p = loaded.instantiate("cached_high=100MiB trim_max=1GiB compact_fraction=0.05").unwrap();
     assert!(p.paged_segments());
     let mut r = p.reclamation().unwrap();

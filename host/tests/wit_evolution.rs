@@ -1,7 +1,8 @@
-//! The WIT evolution rule, checked on the text: `wit/` (0.2.0) holds every
-//! item of the frozen 0.1.0 copy (`wit/compat/v0.1.0`) unchanged and marked
-//! `@since(version = 0.1.0)`, and every item it adds is marked with the
-//! version that added it.
+//! The WIT evolution rule, checked on the text: each version holds every
+//! item of the one before unchanged — the frozen 0.2.0 copy
+//! (`wit/compat/v0.2.0`) those of 0.1.0 (`wit/compat/v0.1.0`, all marked
+//! `@since(version = 0.1.0)`), `wit/` (0.3.0) those of 0.2.0 — and every
+//! item it adds is marked with the version that added it.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -88,25 +89,36 @@ fn items(r: &Resolve, pkg: PackageId) -> BTreeMap<String, (String, String)> {
     out
 }
 
+/// Checks that the package at `new_dir` (version `new_v`) keeps every item
+/// of the one at `old_dir` (version `old_v`) unchanged, and that the items
+/// it adds say `@since(version = new_v)`; returns the added items.
+fn evolution(old_dir: &str, old_v: &str, new_dir: &str, new_v: &str) -> Vec<String> {
+    let mut r = Resolve::default();
+    let old = package(&mut r, old_dir);
+    let new = package(&mut r, new_dir);
+    assert_eq!(r.packages[old].name.to_string(), format!("wasmem:policy@{old_v}"));
+    assert_eq!(r.packages[new].name.to_string(), format!("wasmem:policy@{new_v}"));
+    let (old, new) = (items(&r, old), items(&r, new));
+    for (name, (def, since)) in &old {
+        let (new_def, new_since) = new.get(name).unwrap_or_else(|| panic!("{new_v} removed `{name}`"));
+        assert_eq!(new_def, def, "{new_v} changed `{name}`");
+        assert_eq!(new_since, since, "{new_v} changed the @since of `{name}`");
+    }
+    let added: Vec<String> = new.keys().filter(|k| !old.contains_key(*k)).cloned().collect();
+    for name in &added {
+        assert_eq!(new[name].1, new_v, "`{name}` is new in {new_v} and must say @since(version = {new_v})");
+    }
+    added
+}
+
 #[test]
 fn wit_0_2_0_keeps_every_item_of_0_1_0_and_marks_what_it_adds() {
     let mut r = Resolve::default();
     let old = package(&mut r, "wit/compat/v0.1.0");
-    let new = package(&mut r, "wit");
-    assert_eq!(r.packages[old].name.to_string(), "wasmem:policy@0.1.0");
-    assert_eq!(r.packages[new].name.to_string(), "wasmem:policy@0.2.0");
-    let (old, new) = (items(&r, old), items(&r, new));
-    for (name, (def, since)) in &old {
+    for (name, (_, since)) in items(&r, old) {
         assert_eq!(since, "0.1.0", "{name} in the frozen 0.1.0 copy");
-        let (new_def, new_since) = new.get(name).unwrap_or_else(|| panic!("0.2.0 removed `{name}`"));
-        assert_eq!(new_def, def, "0.2.0 changed `{name}`");
-        assert_eq!(new_since, since, "0.2.0 changed the @since of `{name}`");
     }
-    let added: Vec<&String> = new.keys().filter(|k| !old.contains_key(*k)).collect();
-    for name in &added {
-        assert_eq!(new[*name].1, "0.2.0", "`{name}` is new in 0.2.0 and must say @since(version = 0.2.0)");
-    }
-    let added: Vec<&str> = added.iter().map(|s| s.as_str()).collect();
+    let added = evolution("wit/compat/v0.1.0", "0.1.0", "wit/compat/v0.2.0", "0.2.0");
     assert_eq!(
         added,
         [
@@ -118,4 +130,47 @@ fn wit_0_2_0_keeps_every_item_of_0_1_0_and_marks_what_it_adds() {
         ],
         "the items 0.2.0 adds"
     );
+}
+
+#[test]
+fn wit_0_3_0_keeps_every_item_of_0_2_0_and_marks_what_it_adds() {
+    let added = evolution("wit/compat/v0.2.0", "0.2.0", "wit", "0.3.0");
+    assert_eq!(
+        added,
+        [
+            "full-planned-policy",
+            "full-planned-policy/export eviction",
+            "full-planned-policy/export lifecycle",
+            "full-planned-policy/export placement",
+            "full-planned-policy/export planner",
+            "full-planned-policy/export reclamation",
+            "full-planned-policy/import host",
+            "full-planned-policy/import types",
+            "planner",
+            "planner-policy",
+            "planner-policy/export lifecycle",
+            "planner-policy/export planner",
+            "planner-policy/import host",
+            "planner-policy/import types",
+            "planner/arena-plan",
+            "planner/plan",
+            "planner/step-profile",
+            "types/arena-plan",
+            "types/plan-request",
+            "types/step-profile",
+        ],
+        "the items 0.3.0 adds"
+    );
+}
+
+#[test]
+fn the_frozen_0_2_0_copy_is_the_0_2_0_text() {
+    // Only the package line and comments may differ between `wit/` and
+    // the frozen copy for the files 0.3.0 did not add to.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for f in ["eviction", "host", "lifecycle", "placement"] {
+        let old = std::fs::read_to_string(root.join(format!("wit/compat/v0.2.0/{f}.wit"))).unwrap();
+        let new = std::fs::read_to_string(root.join(format!("wit/{f}.wit"))).unwrap();
+        assert_eq!(old.replace("@0.2.0;", "@0.3.0;"), new, "{f}.wit");
+    }
 }

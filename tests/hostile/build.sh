@@ -7,5 +7,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 export CARGO_TARGET_DIR="${HOSTILE_TARGET_DIR:-$here/target}"
 cargo build --manifest-path "$here/Cargo.toml" --release --target wasm32-wasip2 --quiet
 mkdir -p "$here/out"
-cp "$CARGO_TARGET_DIR/wasm32-wasip2/release/hostile.wasm" "$here/out/hostile.wasm"
-echo "$here/out/hostile.wasm"
+for crate in hostile hostile_planner; do
+  cp "$CARGO_TARGET_DIR/wasm32-wasip2/release/$crate.wasm" "$here/out/${crate//_/-}.wasm"
+  echo "$here/out/${crate//_/-}.wasm"
+done

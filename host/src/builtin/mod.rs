@@ -34,7 +34,7 @@ pub use dtr::DtrEviction;
 pub use lifecycle::{LifecycleClass, LifecyclePlacement, LifecycleReclamation};
 pub use lru::LruEviction;
 pub use naive::NaivePlacement;
-pub use planner::GreedyPlanner;
+pub use planner::{GreedyPlanner, GREEDY_WORK};
 pub use pytorch::{PytorchPlacement, PytorchReclamation};
 
 use crate::decision::{EvictionPolicy, PlacementPolicy, PlannerPolicy, Policies, ReclamationPolicy};

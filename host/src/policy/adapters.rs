@@ -1,5 +1,5 @@
 //! The decision traits implemented over a policy instance: [`WasmPlacement`],
-//! [`WasmReclamation`], [`WasmEviction`].
+//! [`WasmReclamation`], [`WasmEviction`], and [`WasmPlanner`] (WIT 0.3.0).
 //!
 //! Each calls the export under the sandbox limits through the instance's
 //! version-independent [`Guests`](super::guests) (which convert the engine's
@@ -8,13 +8,22 @@
 //! default on an invalid one or on an error. Eviction candidates cross the
 //! boundary with ids `slot << 32 | generation`; whatever ids come back are
 //! mapped to handles and checked by the engine against the offered list.
+//!
+//! A planning call gets the decision deadline plus
+//! [`Limits::deadline_per_plan_request`](super::Limits::deadline_per_plan_request)
+//! per request of the profile (1 ms + 25 µs × n by default: 1.251 s for a
+//! step of 50,000 requests), and fuel scaled alike; the memory cap is the
+//! instance's. A trap, a limit, or the planner's own error (`Err(text)`,
+//! [`PolicyError::Refused`]) is a [`PolicyError`]: the engine counts the
+//! refusal (`plan_refused`) and the step stays on the dynamic path.
 
 use std::sync::Arc;
 
 use super::instance::{CallKind, WasmPolicy};
 use crate::decision::{
-    AllocRequest, EvictionCandidate, EvictionPolicy, PlacementDecision, PlacementPolicy, Policies, PolicyContext,
-    PolicyError, PoolSpec, ReclaimDecision, ReclaimTrigger, ReclamationPolicy, Role, StateHandle,
+    AllocRequest, EvictionCandidate, EvictionPolicy, PlacementDecision, PlacementPolicy, Plan, PlannerPolicy, Policies,
+    PolicyContext, PolicyError, PoolSpec, ReclaimDecision, ReclaimTrigger, ReclamationPolicy, Role, StateHandle,
+    StepProfile,
 };
 use crate::spec::{Part, Resolved};
 use crate::types::TensorId;
@@ -35,14 +44,19 @@ impl WasmPolicy {
         self.exports(Role::Eviction).then(|| WasmEviction::new(self.clone()))
     }
 
-    /// The roles this instance exports, as a part of a policy spec.
+    /// The planner, if exported (WIT 0.3.0).
+    pub fn planner(&self) -> Option<WasmPlanner> {
+        self.exports_planner().then(|| WasmPlanner::new(self.clone()))
+    }
+
+    /// The roles (and planner) this instance exports, as a part of a policy spec.
     pub fn part(&self) -> Part {
         Part {
             label: self.name().to_string(),
             placement: self.placement().map(|p| Box::new(p) as Box<dyn PlacementPolicy>),
             reclamation: self.reclamation().map(|p| Box::new(p) as Box<dyn ReclamationPolicy>),
             eviction: self.eviction().map(|p| Box::new(p) as Box<dyn EvictionPolicy>),
-            planner: None,
+            planner: self.planner().map(|p| Box::new(p) as Box<dyn PlannerPolicy>),
         }
     }
 
@@ -59,7 +73,8 @@ impl WasmPolicy {
             reclamation: part.reclamation.unwrap_or(defaults.reclamation),
             eviction: part.eviction.unwrap_or(defaults.eviction),
         };
-        Resolved { spec: part.label, policies, planner: None, planner_source: None, sources }
+        let planner_source = part.planner.as_ref().map(|_| part.label.clone());
+        Resolved { spec: part.label, policies, planner: part.planner, planner_source, sources }
     }
 
     fn state_handle(&self) -> StateHandle {
@@ -124,7 +139,7 @@ impl PlacementPolicy for WasmPlacement {
 
 /// The reclamation role of a WebAssembly policy.
 ///
-/// A 0.2.0 component is asked `plan`, whose compaction, stitching and
+/// A component of 0.2.0 or later is asked `plan`, whose compaction, stitching and
 /// trimming reach the engine, and `paged-segments` (once, after `init`); a
 /// 0.1.0 component is asked `reclaim`, and its decisions never use those
 /// mechanisms.
@@ -204,6 +219,46 @@ impl EvictionPolicy for WasmEviction {
 
     fn time_every_call(&self) -> bool {
         true
+    }
+
+    fn state(&self) -> Option<StateHandle> {
+        Some(self.policy.state_handle())
+    }
+}
+
+/// The planner of a WebAssembly policy (`wasmem:policy/planner`, WIT 0.3.0).
+///
+/// See the module documentation for its limits. Nothing is validated here:
+/// the engine validates every plan ([`crate::decision::validate_plan`]).
+#[derive(Debug, Clone)]
+pub struct WasmPlanner {
+    policy: WasmPolicy,
+}
+
+impl WasmPlanner {
+    pub(crate) fn new(policy: WasmPolicy) -> Self {
+        WasmPlanner { policy }
+    }
+
+    /// The instance behind the planner.
+    pub fn policy(&self) -> &WasmPolicy {
+        &self.policy
+    }
+}
+
+impl PlannerPolicy for WasmPlanner {
+    fn name(&self) -> &str {
+        self.policy.name()
+    }
+
+    fn plan(&mut self, profile: &StepProfile, ctx: &PolicyContext) -> Result<Plan, PolicyError> {
+        let n = profile.requests.len();
+        let answer = self.policy.lock().call(CallKind::Planning(n), ctx, |g, s| g.plan(s, profile))?;
+        match answer {
+            Some(Ok(plan)) => Ok(plan),
+            Some(Err(msg)) => Err(PolicyError::Refused(crate::text::message(&msg))),
+            None => Err(PolicyError::Trap(format!("policy `{}` does not export the planner", self.policy.name()))),
+        }
     }
 
     fn state(&self) -> Option<StateHandle> {

@@ -4,12 +4,15 @@
 //!
 //! - [`v0_1`]: `wasmem:policy@0.1.0`, from the frozen copy in
 //!   `wit/compat/v0.1.0/` (components built before 0.2.0);
-//! - [`v0_2`]: `wasmem:policy@0.2.0`, from `wit/` (adds `reclaim-plan` and the
-//!   `reclamation` functions `plan` and `paged-segments`).
+//! - [`v0_2`]: `wasmem:policy@0.2.0`, from the frozen copy in
+//!   `wit/compat/v0.2.0/` (adds `reclaim-plan` and the `reclamation`
+//!   functions `plan` and `paged-segments`);
+//! - [`v0_3`]: `wasmem:policy@0.3.0`, from `wit/` (adds the `planner`
+//!   interface and its types `plan-request`, `step-profile`, `arena-plan`).
 //!
-//! Interface names carry the package version (`wasmem:policy/reclamation@0.1.0`
-//! and `…@0.2.0`), and 0.x minors are not semver-compatible, so the two sets
-//! of host imports coexist in one linker and a component links against the
+//! Interface names carry the package version (`wasmem:policy/reclamation@0.1.0`,
+//! `…@0.2.0`, `…@0.3.0`), and 0.x minors are not semver-compatible, so the
+//! sets of host imports coexist in one linker and a component links against the
 //! version it was built for. The WIT records mirror the native decision types
 //! one for one, so every conversion is total except eviction ids, which cross
 //! the boundary as `u64 = slot << 32 | generation` ([`tensor_to_wit`],
@@ -22,7 +25,7 @@ use std::fmt;
 use crate::types::TensorId;
 
 /// The newest version of the WIT package this engine speaks (what `wit/` holds).
-pub const WIT_VERSION: &str = "0.2.0";
+pub const WIT_VERSION: &str = "0.3.0";
 /// The WIT package name (without version).
 pub const WIT_PACKAGE: &str = "wasmem:policy";
 
@@ -34,29 +37,40 @@ pub enum WitVersion {
     /// `0.2.0`: adds `reclamation.plan` (compaction, stitching, trimming) and
     /// `reclamation.paged-segments`.
     V0_2,
+    /// `0.3.0`: adds the `planner` interface (planned placement of repeating steps).
+    V0_3,
 }
 
 impl WitVersion {
     /// Every version the engine loads, oldest first.
-    pub const ALL: [WitVersion; 2] = [WitVersion::V0_1, WitVersion::V0_2];
+    pub const ALL: [WitVersion; 3] = [WitVersion::V0_1, WitVersion::V0_2, WitVersion::V0_3];
 
     /// The version as written in interface names (`0.1.0`).
     pub fn as_str(self) -> &'static str {
         match self {
             WitVersion::V0_1 => "0.1.0",
             WitVersion::V0_2 => "0.2.0",
+            WitVersion::V0_3 => "0.3.0",
         }
     }
 
-    /// The version written as `text` (exactly `0.1.0` or `0.2.0`).
+    /// The version written as `text` (exactly `0.1.0`, `0.2.0` or `0.3.0`).
     pub fn parse(text: &str) -> Option<WitVersion> {
         WitVersion::ALL.into_iter().find(|v| v.as_str() == text)
     }
 
-    /// The supported versions for messages: `0.1.0 or 0.2.0`.
+    /// The supported versions for messages: `0.1.0, 0.2.0 or 0.3.0`.
     pub fn supported() -> String {
         let v: Vec<&str> = WitVersion::ALL.iter().map(|v| v.as_str()).collect();
-        v.join(" or ")
+        match v.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => v.join(""),
+        }
+    }
+
+    /// Whether components of this version can export the `planner` interface.
+    pub fn has_planner(self) -> bool {
+        self >= WitVersion::V0_3
     }
 }
 
@@ -80,10 +94,10 @@ pub fn tensor_from_wit(v: u64) -> TensorId {
 /// The bindings of one WIT version and the conversions of the types every
 /// version shares (identical in each module, so written once).
 macro_rules! version_bindings {
-    ($path:tt) => {
+    ($path:tt, $world:tt) => {
         wasmtime::component::bindgen!({
             path: $path,
-            world: "full-policy",
+            world: $world,
         });
 
         pub use self::wasmem::policy::host::LogLevel;
@@ -211,7 +225,7 @@ pub enum GuestLogLevel {
 
 /// `wasmem:policy@0.1.0` (frozen copy in `wit/compat/v0.1.0/`).
 pub mod v0_1 {
-    version_bindings!("../wit/compat/v0.1.0");
+    version_bindings!("../wit/compat/v0.1.0", "full-policy");
 
     /// A 0.1.0 decision as the native one: release only, no compaction,
     /// stitching or trimming.
@@ -224,9 +238,9 @@ pub mod v0_1 {
     }
 }
 
-/// `wasmem:policy@0.2.0` (`wit/`).
+/// `wasmem:policy@0.2.0` (frozen copy in `wit/compat/v0.2.0/`).
 pub mod v0_2 {
-    version_bindings!("../wit");
+    version_bindings!("../wit/compat/v0.2.0", "full-policy");
 
     /// A 0.2.0 plan as the native decision: every field carries over.
     pub fn plan_from_wit(d: wit::ReclaimPlan) -> decision::ReclaimDecision {
@@ -237,6 +251,47 @@ pub mod v0_2 {
             stitch: d.stitch,
             trim: d.trim,
         }
+    }
+}
+
+/// `wasmem:policy@0.3.0` (`wit/`).
+pub mod v0_3 {
+    version_bindings!("../wit", "full-planned-policy");
+
+    pub use exports::wasmem::policy::planner;
+
+    /// A 0.3.0 plan as the native decision: every field carries over.
+    pub fn plan_from_wit(d: wit::ReclaimPlan) -> decision::ReclaimDecision {
+        decision::ReclaimDecision {
+            release_bytes: d.release_bytes,
+            pools: d.pools,
+            compact: d.compact.map(|c| (c.pool, c.max_bytes)),
+            stitch: d.stitch,
+            trim: d.trim,
+        }
+    }
+
+    /// A step profile as the planner's input.
+    pub fn profile_to_wit(p: &decision::StepProfile) -> wit::StepProfile {
+        wit::StepProfile {
+            step: p.step,
+            requests: p
+                .requests
+                .iter()
+                .map(|r| wit::PlanRequest {
+                    bytes: r.bytes,
+                    kind: kind_to_wit(r.kind),
+                    stream_id: r.stream.0,
+                    freed_at: r.freed_at,
+                    wraps_to: r.wraps_to,
+                })
+                .collect(),
+        }
+    }
+
+    /// A planner's answer as the native plan (validated by the engine).
+    pub fn arena_plan_from_wit(p: wit::ArenaPlan) -> decision::Plan {
+        decision::Plan { arena_bytes: p.arena_bytes, offsets: p.offsets }
     }
 }
 
@@ -257,9 +312,11 @@ mod tests {
         assert_eq!(WitVersion::parse("0.1.0"), Some(WitVersion::V0_1));
         assert_eq!(WitVersion::parse("0.2.0"), Some(WitVersion::V0_2));
         assert_eq!(WitVersion::parse("0.2"), None);
-        assert_eq!(WitVersion::parse("0.3.0"), None);
+        assert_eq!(WitVersion::parse("0.3.0"), Some(WitVersion::V0_3));
+        assert_eq!(WitVersion::parse("0.4.0"), None);
         assert_eq!(WitVersion::ALL.last().map(|v| v.as_str()), Some(WIT_VERSION));
-        assert_eq!(WitVersion::supported(), "0.1.0 or 0.2.0");
+        assert_eq!(WitVersion::supported(), "0.1.0, 0.2.0 or 0.3.0");
+        assert!(WitVersion::V0_3.has_planner() && !WitVersion::V0_2.has_planner());
     }
 
     #[test]
@@ -299,5 +356,37 @@ mod tests {
             trim: false,
         });
         assert_eq!(d, ReclaimDecision::none());
+    }
+
+    #[test]
+    fn a_profile_and_a_plan_cross_the_0_3_0_boundary_unchanged() {
+        use crate::decision::{Plan, PlanRequest, StepProfile};
+        use crate::types::{StreamId, TensorKind};
+        let profile = StepProfile {
+            step: 4,
+            requests: vec![
+                PlanRequest {
+                    bytes: 1,
+                    kind: TensorKind::Grad,
+                    stream: StreamId(3),
+                    freed_at: Some(1),
+                    wraps_to: None,
+                },
+                PlanRequest {
+                    bytes: 9,
+                    kind: TensorKind::Temp,
+                    stream: StreamId(0),
+                    freed_at: None,
+                    wraps_to: Some(0),
+                },
+            ],
+        };
+        let w = v0_3::profile_to_wit(&profile);
+        assert_eq!(w.step, 4);
+        assert_eq!((w.requests[0].bytes, w.requests[0].stream_id, w.requests[0].freed_at), (1, 3, Some(1)));
+        assert!(matches!(w.requests[0].kind, v0_3::wit::TensorKind::Grad));
+        assert_eq!((w.requests[1].freed_at, w.requests[1].wraps_to), (None, Some(0)));
+        let p = v0_3::arena_plan_from_wit(v0_3::wit::ArenaPlan { arena_bytes: 1024, offsets: vec![Some(512), None] });
+        assert_eq!(p, Plan { arena_bytes: 1024, offsets: vec![Some(512), None] });
     }
 }

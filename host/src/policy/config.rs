@@ -9,7 +9,7 @@ use std::time::Duration;
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Engine};
 
-use super::bindings::{v0_1, v0_2};
+use super::bindings::{v0_1, v0_2, v0_3};
 use super::cache::ArtifactCache;
 use super::error::LoadError;
 use super::host::HostState;
@@ -22,6 +22,14 @@ pub const DEFAULT_DEADLINE: Duration = Duration::from_millis(1);
 /// each into JavaScript, 0.05 µs into Rust), so a call over the 400+
 /// candidates of a real trace gets 1 ms + 10 ms.
 pub const DEFAULT_DEADLINE_PER_CANDIDATE: Duration = Duration::from_micros(25);
+/// Default extra deadline of a planning call per request of the profile:
+/// the canonical ABI lifts every request record into the guest (about 7 µs
+/// each into JavaScript, a few µs into Python, 0.05 µs into Rust) and a
+/// planner does O(log n) work or more per request: the same allowance as
+/// per eviction candidate. A step of 50,000 requests gets 1 ms + 1.25 s; a
+/// planning call happens at a step's end only when the step needs a new
+/// plan, never on the allocation path.
+pub const DEFAULT_DEADLINE_PER_PLAN_REQUEST: Duration = Duration::from_micros(25);
 /// Default bound on what one instance may write to its standard output and
 /// error (WASI) and keep: the tail of it is attached to a failed call's error.
 pub const DEFAULT_MAX_GUEST_OUTPUT: usize = 4096;
@@ -44,8 +52,12 @@ pub struct Limits {
     /// Added to `deadline` per candidate of an eviction call (only when
     /// `deadline` is set).
     pub deadline_per_candidate: Duration,
+    /// Added to `deadline` per request of a planning call's profile (only
+    /// when `deadline` is set).
+    pub deadline_per_plan_request: Duration,
     /// Fuel (≈ wasm instructions) of one decision call (`None`: unmetered).
-    /// Lifecycle calls get 1000× this.
+    /// Lifecycle calls get 1000× this; a planning call gets this times the
+    /// ratio of its deadline to the decision deadline (rounded up).
     pub fuel: Option<u64>,
     /// Largest linear memory (sum over the instance's memories), in bytes.
     pub max_memory: usize,
@@ -71,6 +83,7 @@ impl Default for Limits {
             deadline: Some(DEFAULT_DEADLINE),
             lifecycle_deadline: DEFAULT_LIFECYCLE_DEADLINE,
             deadline_per_candidate: DEFAULT_DEADLINE_PER_CANDIDATE,
+            deadline_per_plan_request: DEFAULT_DEADLINE_PER_PLAN_REQUEST,
             fuel: None,
             max_memory: DEFAULT_MAX_MEMORY,
             max_table_elements: 1 << 20,
@@ -177,6 +190,8 @@ impl Runtime {
             .map_err(|e| LoadError::Engine(format!("host imports of wasmem:policy@0.1.0: {e:#}")))?;
         v0_2::FullPolicy::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(|e| LoadError::Engine(format!("host imports of wasmem:policy@0.2.0: {e:#}")))?;
+        v0_3::FullPlannedPolicy::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
+            .map_err(|e| LoadError::Engine(format!("host imports of wasmem:policy@0.3.0: {e:#}")))?;
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(|e| LoadError::Engine(format!("WASI imports: {e:#}")))?;
         let tick = config.tick();
@@ -225,6 +240,16 @@ impl Runtime {
         let l = &self.inner.config.limits;
         l.deadline.map(|d| {
             d.saturating_add(l.deadline_per_candidate.saturating_mul(candidates.min(u32::MAX as usize) as u32))
+        })
+    }
+
+    /// The deadline of a planning call over a profile of `requests` requests
+    /// under this runtime's limits (`None`: no deadline): the deadline plus
+    /// `deadline_per_plan_request` per request.
+    pub fn planning_deadline(&self, requests: usize) -> Option<Duration> {
+        let l = &self.inner.config.limits;
+        l.deadline.map(|d| {
+            d.saturating_add(l.deadline_per_plan_request.saturating_mul(requests.min(u32::MAX as usize) as u32))
         })
     }
 

@@ -53,9 +53,9 @@ pub enum LoadError {
         /// An interface of another version.
         second: String,
     },
-    /// The component exports no decision role.
+    /// The component exports no decision role and no planner.
     #[error(
-        "policy `{policy}`: exports none of wasmem:policy/placement, reclamation or eviction @{expected} \
+        "policy `{policy}`: exports none of wasmem:policy/placement, reclamation, eviction or planner @{expected} \
          (its exports: {exports})"
     )]
     NoRole {

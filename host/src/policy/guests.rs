@@ -8,18 +8,20 @@
 //! runtime never sees a version. A call answers `None` when the component
 //! does not export the role it needs.
 //!
-//! The one difference between versions is reclamation: a 0.1.0 component is
+//! The differences between versions: reclamation — a 0.1.0 component is
 //! asked `reclaim` (its decision never compacts, stitches or trims, and it
-//! never asks for paged segments); a 0.2.0 component is asked `plan` and
-//! `paged-segments`.
+//! never asks for paged segments), a component of 0.2.0 or later `plan` and
+//! `paged-segments`; and the planner, which only a 0.3.0 component can
+//! export.
 
 use wasmtime::component::{Instance, InstancePre};
 use wasmtime::Store;
 
-use super::bindings::{v0_1 as b0_1, v0_2 as b0_2, WitVersion};
+use super::bindings::{v0_1 as b0_1, v0_2 as b0_2, v0_3 as b0_3, WitVersion};
 use super::host::HostState;
 use crate::decision::{
-    AllocRequest, EvictionCandidate, PlacementDecision, PolicyContext, PoolSpec, ReclaimDecision, ReclaimTrigger, Role,
+    AllocRequest, EvictionCandidate, PlacementDecision, Plan, PolicyContext, PoolSpec, ReclaimDecision, ReclaimTrigger,
+    Role, StepProfile,
 };
 use crate::types::TensorId;
 
@@ -147,6 +149,7 @@ macro_rules! version_guests {
 
 version_guests!(v0_1);
 version_guests!(v0_2);
+version_guests!(v0_3);
 
 impl v0_1::Guests {
     /// `reclaim`: release only.
@@ -166,43 +169,55 @@ impl v0_1::Guests {
     }
 }
 
-impl v0_2::Guests {
-    /// `plan`: release, compaction, stitching, trimming.
-    fn reclaim(
-        &self,
-        s: &mut Store<HostState>,
-        trigger: &ReclaimTrigger,
-        ctx: &PolicyContext,
-    ) -> wasmtime::Result<Option<ReclaimDecision>> {
-        match &self.reclamation {
-            Some(p) => {
-                let d = p.call_plan(s, b0_2::trigger_to_wit(trigger), b0_2::context_to_wit(ctx))?;
-                Ok(Some(b0_2::plan_from_wit(d)))
+/// Reclamation of the versions that have `plan` (0.2.0 on).
+macro_rules! planned_reclamation {
+    ($v:ident, $b:ident) => {
+        impl $v::Guests {
+            /// `plan`: release, compaction, stitching, trimming.
+            fn reclaim(
+                &self,
+                s: &mut Store<HostState>,
+                trigger: &ReclaimTrigger,
+                ctx: &PolicyContext,
+            ) -> wasmtime::Result<Option<ReclaimDecision>> {
+                match &self.reclamation {
+                    Some(p) => {
+                        let d = p.call_plan(s, $b::trigger_to_wit(trigger), $b::context_to_wit(ctx))?;
+                        Ok(Some($b::plan_from_wit(d)))
+                    }
+                    None => Ok(None),
+                }
             }
-            None => Ok(None),
-        }
-    }
 
-    /// `paged-segments` (false without a reclamation role).
-    fn paged_segments(&self, s: &mut Store<HostState>) -> wasmtime::Result<bool> {
-        match &self.reclamation {
-            Some(p) => p.call_paged_segments(s),
-            None => Ok(false),
+            /// `paged-segments` (false without a reclamation role).
+            fn paged_segments(&self, s: &mut Store<HostState>) -> wasmtime::Result<bool> {
+                match &self.reclamation {
+                    Some(p) => p.call_paged_segments(s),
+                    None => Ok(false),
+                }
+            }
         }
-    }
+    };
 }
+
+planned_reclamation!(v0_2, b0_2);
+planned_reclamation!(v0_3, b0_3);
 
 /// Export indices of a component, by WIT version.
 #[derive(Clone)]
 pub(crate) enum Indices {
     V0_1(v0_1::Indices),
     V0_2(v0_2::Indices),
+    /// With the planner's indices when the component exports it.
+    V0_3(v0_3::Indices, Option<b0_3::planner::GuestIndices>),
 }
 
 /// The typed exports of one instance, by WIT version.
 pub(crate) enum Guests {
     V0_1(v0_1::Guests),
     V0_2(v0_2::Guests),
+    /// With the planner when the component exports it.
+    V0_3(v0_3::Guests, Option<b0_3::planner::Guest>),
 }
 
 /// Runs the same expression on whichever version `$e` holds.
@@ -211,16 +226,30 @@ macro_rules! each {
         match $e {
             Guests::V0_1($g) => $body,
             Guests::V0_2($g) => $body,
+            Guests::V0_3($g, _) => $body,
         }
     };
 }
 
 impl Indices {
-    /// The indices of the exports of `roles` of a component of `version`.
-    pub(crate) fn new(version: WitVersion, pre: &InstancePre<HostState>, roles: &[Role]) -> wasmtime::Result<Indices> {
+    /// The indices of the exports of `roles` (and of the planner, when
+    /// `planner`) of a component of `version`.
+    pub(crate) fn new(
+        version: WitVersion,
+        pre: &InstancePre<HostState>,
+        roles: &[Role],
+        planner: bool,
+    ) -> wasmtime::Result<Indices> {
+        if planner && !version.has_planner() {
+            wasmtime::bail!("a component of wasmem:policy@{version} cannot export the planner");
+        }
         Ok(match version {
             WitVersion::V0_1 => Indices::V0_1(v0_1::Indices::new(pre, roles)?),
             WitVersion::V0_2 => Indices::V0_2(v0_2::Indices::new(pre, roles)?),
+            WitVersion::V0_3 => Indices::V0_3(
+                v0_3::Indices::new(pre, roles)?,
+                planner.then(|| b0_3::planner::GuestIndices::new(pre)).transpose()?,
+            ),
         })
     }
 
@@ -229,6 +258,10 @@ impl Indices {
         Ok(match self {
             Indices::V0_1(i) => Guests::V0_1(i.load(store, instance)?),
             Indices::V0_2(i) => Guests::V0_2(i.load(store, instance)?),
+            Indices::V0_3(i, p) => Guests::V0_3(
+                i.load(&mut *store, instance)?,
+                p.as_ref().map(|p| p.load(&mut *store, instance)).transpose()?,
+            ),
         })
     }
 }
@@ -269,7 +302,7 @@ impl Guests {
         each!(self, g => g.place(s, req, ctx))
     }
 
-    /// `reclamation.reclaim` (0.1.0) or `reclamation.plan` (0.2.0).
+    /// `reclamation.reclaim` (0.1.0) or `reclamation.plan` (0.2.0 on).
     pub(crate) fn reclaim(
         &self,
         s: &mut Store<HostState>,
@@ -279,11 +312,28 @@ impl Guests {
         each!(self, g => g.reclaim(s, trigger, ctx))
     }
 
-    /// `reclamation.paged-segments` (0.2.0); always false for 0.1.0.
+    /// `reclamation.paged-segments` (0.2.0 on); always false for 0.1.0.
     pub(crate) fn paged_segments(&self, s: &mut Store<HostState>) -> wasmtime::Result<bool> {
         match self {
             Guests::V0_1(_) => Ok(false),
             Guests::V0_2(g) => g.paged_segments(s),
+            Guests::V0_3(g, _) => g.paged_segments(s),
+        }
+    }
+
+    /// `planner.plan` (0.3.0): the plan, or the planner's refusal (its
+    /// text); `None` when the component exports no planner.
+    pub(crate) fn plan(
+        &self,
+        s: &mut Store<HostState>,
+        profile: &StepProfile,
+    ) -> wasmtime::Result<Option<Result<Plan, String>>> {
+        match self {
+            Guests::V0_3(_, Some(p)) => {
+                let answer = p.call_plan(s, &b0_3::profile_to_wit(profile))?;
+                Ok(Some(answer.map(b0_3::arena_plan_from_wit)))
+            }
+            _ => Ok(None),
         }
     }
 

@@ -31,6 +31,9 @@ pub(crate) enum CallKind {
     /// An eviction decision over this many candidates: the per-call
     /// deadline plus the allowance per candidate, and the fuel.
     Eviction(usize),
+    /// A planning call over a profile of this many requests: the per-call
+    /// deadline plus the allowance per request, and the fuel scaled alike.
+    Planning(usize),
     /// A lifecycle call: the lifecycle deadline, 1000× fuel.
     Lifecycle,
 }
@@ -106,6 +109,10 @@ impl Instance {
         data.grace_ticks = grace;
         match (self.relaxed_ticks, kind) {
             (Some(ticks), CallKind::Decision | CallKind::Eviction(_)) => self.store.set_epoch_deadline(ticks),
+            (Some(ticks), CallKind::Planning(n)) => {
+                let scale = planning_scale(&self.loaded.inner.runtime.inner.config.limits, n);
+                self.store.set_epoch_deadline(ticks.saturating_mul(scale))
+            }
             _ => arm(&mut self.store, &self.loaded.inner.runtime, kind),
         }
         match f(&self.guests, &mut self.store) {
@@ -156,28 +163,48 @@ impl Instance {
 /// Arms the store's deadline and fuel for one call.
 fn arm(store: &mut Store<HostState>, runtime: &super::Runtime, kind: CallKind) {
     let rt = &runtime.inner;
+    let limits = &rt.config.limits;
+    let ticks_of = |extra: u128| u64::try_from(extra.div_ceil(rt.tick.as_nanos().max(1))).unwrap_or(u64::MAX);
     if let Some((decision, lifecycle)) = rt.deadline_ticks {
-        let ticks = match kind {
-            CallKind::Decision => decision,
-            CallKind::Eviction(n) => {
-                let extra = rt.config.limits.deadline_per_candidate.as_nanos().saturating_mul(n as u128);
-                decision.saturating_add(u64::try_from(extra.div_ceil(rt.tick.as_nanos().max(1))).unwrap_or(u64::MAX))
-            }
-            CallKind::Lifecycle => lifecycle,
-        };
+        let ticks =
+            match kind {
+                CallKind::Decision => decision,
+                CallKind::Eviction(n) => decision
+                    .saturating_add(ticks_of(limits.deadline_per_candidate.as_nanos().saturating_mul(n as u128))),
+                CallKind::Planning(n) => decision
+                    .saturating_add(ticks_of(limits.deadline_per_plan_request.as_nanos().saturating_mul(n as u128))),
+                CallKind::Lifecycle => lifecycle,
+            };
         store.set_epoch_deadline(ticks);
     }
-    if let Some(fuel) = rt.config.limits.fuel {
-        let fuel = if kind == CallKind::Lifecycle { fuel.saturating_mul(1000) } else { fuel };
+    if let Some(fuel) = limits.fuel {
+        let fuel = match kind {
+            CallKind::Lifecycle => fuel.saturating_mul(1000),
+            CallKind::Planning(n) => fuel.saturating_mul(planning_scale(limits, n)),
+            _ => fuel,
+        };
         // Fails only when fuel is not enabled, which `Runtime::new` did.
         let _ = store.set_fuel(fuel);
     }
+}
+
+/// How many decision calls' worth of time (and fuel) a planning call over
+/// `n` requests gets: `(deadline + n × per-request allowance) / deadline`,
+/// rounded up (1 + n / 40 without a deadline: 25 µs per request of 1 ms).
+fn planning_scale(limits: &super::Limits, n: usize) -> u64 {
+    let per = limits.deadline_per_plan_request.as_nanos().saturating_mul(n as u128);
+    let scale = match limits.deadline {
+        Some(d) if d.as_nanos() > 0 => (d.as_nanos().saturating_add(per)).div_ceil(d.as_nanos()),
+        _ => 1 + n as u128 / 40,
+    };
+    u64::try_from(scale).unwrap_or(u64::MAX)
 }
 
 struct Meta {
     name: String,
     version: WitVersion,
     roles: Vec<Role>,
+    planner: bool,
     pools: Vec<PoolSpec>,
     paged_segments: bool,
 }
@@ -195,7 +222,11 @@ pub struct WasmPolicy {
 
 impl std::fmt::Debug for WasmPolicy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WasmPolicy").field("name", &self.meta.name).field("roles", &self.meta.roles).finish()
+        f.debug_struct("WasmPolicy")
+            .field("name", &self.meta.name)
+            .field("roles", &self.meta.roles)
+            .field("planner", &self.meta.planner)
+            .finish()
     }
 }
 
@@ -254,7 +285,8 @@ impl WasmPolicy {
             false
         };
         let roles = loaded.roles().to_vec();
-        let meta = Meta { name, version: loaded.wit_version(), roles, pools, paged_segments };
+        let planner = loaded.exports_planner();
+        let meta = Meta { name, version: loaded.wit_version(), roles, planner, pools, paged_segments };
         Ok(WasmPolicy { instance: Arc::new(Mutex::new(inst)), meta: Arc::new(meta) })
     }
 
@@ -288,6 +320,11 @@ impl WasmPolicy {
     /// Whether the component exports `role`.
     pub fn exports(&self, role: Role) -> bool {
         self.meta.roles.contains(&role)
+    }
+
+    /// Whether the component exports the planner (`wasmem:policy/planner`, 0.3.0 on).
+    pub fn exports_planner(&self) -> bool {
+        self.meta.planner
     }
 
     /// The pools of the placement role (empty without one), as returned by

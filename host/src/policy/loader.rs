@@ -24,6 +24,8 @@ pub(crate) struct LoadedInner {
     pub indices: Indices,
     pub version: WitVersion,
     pub roles: Vec<Role>,
+    /// Whether it exports `planner` (0.3.0 on).
+    pub planner: bool,
     pub imports_wasi: bool,
     pub source: LoadSource,
     pub load_time: Duration,
@@ -66,6 +68,11 @@ impl Loaded {
     /// Whether it exports `role`.
     pub fn exports(&self, role: Role) -> bool {
         self.inner.roles.contains(&role)
+    }
+
+    /// Whether it exports the planner (`wasmem:policy/planner`, 0.3.0 on).
+    pub fn exports_planner(&self) -> bool {
+        self.inner.planner
     }
 
     /// The version of the `wasmem:policy` WIT package it was built against.
@@ -131,16 +138,16 @@ impl Runtime {
             Some(cache) => cache.load(engine, bytes).map_err(compile_err)?,
             None => (Component::new(engine, bytes).map_err(compile_err)?, LoadSource::Compiled),
         };
-        let (version, roles, imports_wasi) = inspect(&label, &component, engine)?;
+        let Inspected { version, roles, planner, imports_wasi } = inspect(&label, &component, engine)?;
         let pre = self
             .inner
             .linker
             .instantiate_pre(&component)
             .map_err(|e| LoadError::Link { policy: label.clone(), cause: format!("{e:#}") })?;
-        let indices = Indices::new(version, &pre, &roles)
+        let indices = Indices::new(version, &pre, &roles, planner)
             .map_err(|e| LoadError::Link { policy: label.clone(), cause: format!("{e:#}") })?;
         let load_time = start.elapsed();
-        tracing::debug!(policy = %label, %version, ?roles, ?source, ?load_time, "policy component loaded");
+        tracing::debug!(policy = %label, %version, ?roles, planner, ?source, ?load_time, "policy component loaded");
         Ok(Loaded {
             inner: Arc::new(LoadedInner {
                 runtime: self.clone(),
@@ -150,6 +157,7 @@ impl Runtime {
                 indices,
                 version,
                 roles,
+                planner,
                 imports_wasi,
                 source,
                 load_time,
@@ -158,17 +166,22 @@ impl Runtime {
     }
 }
 
-/// The WIT version and roles a component exports, and whether it imports
-/// WASI. Refuses versions the engine does not speak, a component whose
-/// `wasmem:policy` interfaces are of two versions, and components without a
-/// role or lifecycle.
-fn inspect(
-    label: &str,
-    component: &Component,
-    engine: &wasmtime::Engine,
-) -> Result<(WitVersion, Vec<Role>, bool), LoadError> {
+/// What [`inspect`] finds in a component.
+struct Inspected {
+    version: WitVersion,
+    roles: Vec<Role>,
+    planner: bool,
+    imports_wasi: bool,
+}
+
+/// The WIT version, roles and planner a component exports, and whether it
+/// imports WASI. Refuses versions the engine does not speak, a component
+/// whose `wasmem:policy` interfaces are of two versions, and components
+/// without a role (or planner) or lifecycle.
+fn inspect(label: &str, component: &Component, engine: &wasmtime::Engine) -> Result<Inspected, LoadError> {
     let ty = component.component_type();
     let mut roles = Vec::new();
+    let mut planner = false;
     let mut lifecycle = false;
     let mut names = Vec::new();
     let prefix = format!("{WIT_PACKAGE}/");
@@ -202,6 +215,7 @@ fn inspect(
             Some("placement") => roles.push(Role::Placement),
             Some("reclamation") => roles.push(Role::Reclamation),
             Some("eviction") => roles.push(Role::Eviction),
+            Some("planner") => planner = true,
             _ => {}
         }
     }
@@ -212,7 +226,7 @@ fn inspect(
     }
     let version = found.map(|(v, _)| v);
     let expected = version.map_or_else(WitVersion::supported, |v| v.to_string());
-    if roles.is_empty() {
+    if roles.is_empty() && !planner {
         return Err(LoadError::NoRole {
             policy: label.to_string(),
             exports: if names.is_empty() { "nothing".into() } else { names.join(", ") },
@@ -223,5 +237,5 @@ fn inspect(
         return Err(LoadError::NoLifecycle { policy: label.to_string(), expected });
     };
     roles.sort_by_key(|r| *r as u8);
-    Ok((version, roles, imports_wasi))
+    Ok(Inspected { version, roles, planner, imports_wasi })
 }

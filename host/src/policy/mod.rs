@@ -9,7 +9,8 @@
 //!  WasmPolicy (one Store: limits, deny-all WASI, host imports; Arc<Mutex<_>>)
 //!     ├─ WasmPlacement   : PlacementPolicy   (memoizable)
 //!     ├─ WasmReclamation : ReclamationPolicy
-//!     └─ WasmEviction    : EvictionPolicy
+//!     ├─ WasmEviction    : EvictionPolicy
+//!     └─ WasmPlanner     : PlannerPolicy      (WIT 0.3.0)
 //!  WasmPolicy : PolicyState (save-state / load-state, carried by alloc::swap)
 //!  check(path) → Verdict: exports, version, fuzzed conformance suite
 //!  Runtime : spec::PartLoader — resolve("pytorch-like+lru-evict") → Resolved
@@ -17,8 +18,8 @@
 //!
 //! One file per job: [`config`] (runtime, limits), `ticker` (epoch thread),
 //! `cache` + `artifact` (precompiled artifacts; the only `unsafe`),
-//! `bindings` (one module per WIT version: 0.1.0 from `wit/compat/v0.1.0`,
-//! 0.2.0 from `wit/`), `guests` (the exports of either version behind one
+//! `bindings` (one module per WIT version: 0.1.0 and 0.2.0 from their frozen
+//! copies in `wit/compat/`, 0.3.0 from `wit/`), `guests` (the exports of any version behind one
 //! set of native calls), `loader` (exports, version, `InstancePre`), `instance` (store, calls,
 //! re-instantiation), `sandbox` (memory cap, WASI, failure classification),
 //! `host` (imports), [`adapters`] (the traits), [`check`],
@@ -48,7 +49,7 @@ mod sandbox;
 pub mod scaffold;
 mod ticker;
 
-pub use adapters::{WasmEviction, WasmPlacement, WasmReclamation};
+pub use adapters::{WasmEviction, WasmPlacement, WasmPlanner, WasmReclamation};
 pub use bindings::{tensor_from_wit, tensor_to_wit, WitVersion, WIT_VERSION};
 pub use cache::{clean as clean_cache, usage as cache_usage, CacheUsage, LoadSource, DEFAULT_CACHE_MAX_BYTES};
 pub use check::{check, Verdict};

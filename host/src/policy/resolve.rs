@@ -34,8 +34,17 @@ const REPO_POLICIES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../policies");
 
 /// The policies shipped in `policies/` (built into `policies/out/NAME.wasm`
 /// by `policies/build.sh`): what a spec may name besides the built-ins.
-pub const SHIPPED_NAMES: [&str; 7] =
-    ["pytorch-like", "lifecycle", "lru-evict", "watermark-reclaim", "defrag-reclaim", "size-class", "dtr-evict"];
+pub const SHIPPED_NAMES: [&str; 9] = [
+    "pytorch-like",
+    "lifecycle",
+    "lru-evict",
+    "watermark-reclaim",
+    "defrag-reclaim",
+    "greedy-planner",
+    "size-class",
+    "dtr-evict",
+    "first-fit-planner",
+];
 
 /// Where a shipped policy was found.
 #[derive(Debug, Clone, PartialEq, Eq)]

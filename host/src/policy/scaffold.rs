@@ -11,14 +11,64 @@
 //! | JavaScript | `NAME.js`, `wit/`, `build.mjs`, `package.json` | `npm install && npm run build` (componentize-js 0.23.0) | `NAME.wasm` |
 //!
 //! Each project implements one role with the PyTorch defaults (placement,
-//! reclamation) or least-recently-used eviction, as a starting point. The
-//! WIT text is `wasmem:policy@0.2.0` from the repository's `wit/` (the
-//! single source of truth; the SDK's copy is checked identical by a test).
+//! reclamation), least-recently-used eviction, or, for a planner, the
+//! engine's greedy-by-size plan (Rust, through the SDK) or a first-fit
+//! plan (Python, JavaScript), as a starting point. The WIT text is
+//! `wasmem:policy@0.3.0` from the repository's `wit/` (the single source of
+//! truth; the SDK's copy is checked identical by a test).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use crate::decision::Role;
+use crate::policy::WIT_VERSION;
+
+/// What a new project implements: a decision role, or the planner (WIT 0.3.0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProjectRole {
+    /// The placement role.
+    Placement,
+    /// The reclamation role.
+    Reclamation,
+    /// The eviction role.
+    Eviction,
+    /// The planner (`wasmem:policy/planner`).
+    Planner,
+}
+
+impl ProjectRole {
+    /// Parses `placement`, `reclamation`, `eviction` or `planner`.
+    pub fn parse(s: &str) -> Option<ProjectRole> {
+        match s {
+            "placement" => Some(ProjectRole::Placement),
+            "reclamation" => Some(ProjectRole::Reclamation),
+            "eviction" => Some(ProjectRole::Eviction),
+            "planner" => Some(ProjectRole::Planner),
+            _ => None,
+        }
+    }
+}
+
+impl From<Role> for ProjectRole {
+    fn from(r: Role) -> Self {
+        match r {
+            Role::Placement => ProjectRole::Placement,
+            Role::Reclamation => ProjectRole::Reclamation,
+            Role::Eviction => ProjectRole::Eviction,
+        }
+    }
+}
+
+impl fmt::Display for ProjectRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ProjectRole::Placement => "placement",
+            ProjectRole::Reclamation => "reclamation",
+            ProjectRole::Eviction => "eviction",
+            ProjectRole::Planner => "planner",
+        })
+    }
+}
 
 /// A policy's language.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,29 +149,33 @@ pub fn valid_name(name: &str) -> bool {
         && !name.ends_with('-')
 }
 
-/// The repository's `wit/` package (0.2.0), embedded.
-pub const WIT_FILES: [(&str, &str); 7] = [
+/// The repository's `wit/` package (0.3.0), embedded.
+pub const WIT_FILES: [(&str, &str); 8] = [
     ("eviction.wit", include_str!("../../../wit/eviction.wit")),
     ("host.wit", include_str!("../../../wit/host.wit")),
     ("lifecycle.wit", include_str!("../../../wit/lifecycle.wit")),
     ("placement.wit", include_str!("../../../wit/placement.wit")),
+    ("planner.wit", include_str!("../../../wit/planner.wit")),
     ("reclamation.wit", include_str!("../../../wit/reclamation.wit")),
     ("types.wit", include_str!("../../../wit/types.wit")),
     ("worlds.wit", include_str!("../../../wit/worlds.wit")),
 ];
 
 /// The Rust SDK (`policies/sdk`), embedded, with its copy of the WIT package.
-pub const SDK_FILES: [(&str, &str); 13] = [
+pub const SDK_FILES: [(&str, &str); 16] = [
     ("Cargo.toml", include_str!("../../../policies/sdk/Cargo.toml")),
     ("src/lib.rs", include_str!("../../../policies/sdk/src/lib.rs")),
     ("src/bindings.rs", include_str!("../../../policies/sdk/src/bindings.rs")),
     ("src/config.rs", include_str!("../../../policies/sdk/src/config.rs")),
     ("src/defaults.rs", include_str!("../../../policies/sdk/src/defaults.rs")),
     ("src/runtime.rs", include_str!("../../../policies/sdk/src/runtime.rs")),
+    ("plan-core/Cargo.toml", include_str!("../../../policies/sdk/plan-core/Cargo.toml")),
+    ("plan-core/src/lib.rs", include_str!("../../../policies/sdk/plan-core/src/lib.rs")),
     ("wit/eviction.wit", include_str!("../../../policies/sdk/wit/eviction.wit")),
     ("wit/host.wit", include_str!("../../../policies/sdk/wit/host.wit")),
     ("wit/lifecycle.wit", include_str!("../../../policies/sdk/wit/lifecycle.wit")),
     ("wit/placement.wit", include_str!("../../../policies/sdk/wit/placement.wit")),
+    ("wit/planner.wit", include_str!("../../../policies/sdk/wit/planner.wit")),
     ("wit/reclamation.wit", include_str!("../../../policies/sdk/wit/reclamation.wit")),
     ("wit/types.wit", include_str!("../../../policies/sdk/wit/types.wit")),
     ("wit/worlds.wit", include_str!("../../../policies/sdk/wit/worlds.wit")),
@@ -143,8 +197,9 @@ fn camel(name: &str) -> String {
         .collect()
 }
 
-fn fill(template: &str, name: &str, role: Role) -> String {
+fn fill(template: &str, name: &str, role: ProjectRole) -> String {
     template
+        .replace("{{WIT}}", WIT_VERSION)
         .replace("{{NAME}}", name)
         .replace("{{STRUCT}}", &camel(name))
         .replace("{{MODULE}}", &name.replace('-', "_"))
@@ -152,9 +207,16 @@ fn fill(template: &str, name: &str, role: Role) -> String {
         .replace("{{WORLD}}", &format!("{role}-policy"))
 }
 
-/// Creates a project for a `lang` policy of `role` named `name` in `dir`
-/// (default: `./NAME`). `dir` may exist if it is empty.
-pub fn new_project(lang: Lang, role: Role, name: &str, dir: Option<&Path>) -> Result<Project, ScaffoldError> {
+/// Creates a project for a `lang` policy of `role` (a [`Role`] or
+/// [`ProjectRole::Planner`]) named `name` in `dir` (default: `./NAME`).
+/// `dir` may exist if it is empty.
+pub fn new_project(
+    lang: Lang,
+    role: impl Into<ProjectRole>,
+    name: &str,
+    dir: Option<&Path>,
+) -> Result<Project, ScaffoldError> {
+    let role = role.into();
     if !valid_name(name) {
         return Err(ScaffoldError::Name(name.to_string()));
     }
@@ -219,7 +281,7 @@ pub fn new_project(lang: Lang, role: Role, name: &str, dir: Option<&Path>) -> Re
     Ok(Project { dir, files: written, build, output })
 }
 
-fn readme(lang: Lang, role: Role, name: &str, build: &str, output: &Path) -> String {
+fn readme(lang: Lang, role: ProjectRole, name: &str, build: &str, output: &Path) -> String {
     let (toolchain, test) = match lang {
         Lang::Rust => (
             "Rust with the `wasm32-wasip2` target (`rustup target add wasm32-wasip2`). The SDK is \
@@ -240,16 +302,26 @@ fn readme(lang: Lang, role: Role, name: &str, build: &str, output: &Path) -> Str
         ),
     };
     let test = test.replace("MODULE", &name.replace('-', "_")).replace("NAME", name);
+    let start = match (role, lang) {
+        (ProjectRole::Planner, Lang::Rust) => "the engine's own planner (`defaults::greedy_plan`)",
+        (ProjectRole::Planner, _) => "a first-fit planner (valid plans, simpler than the engine's)",
+        _ => "the engine's default for its role",
+    };
+    let use_it = if role == ProjectRole::Planner {
+        format!("{out}+defrag", out = output.display())
+    } else {
+        output.display().to_string()
+    };
     format!(
         "# {name}\n\n\
-         A wasmem {role} policy in {lang}, built against the WIT package `wasmem:policy@0.2.0` \
-         (world `{role}-policy`). It starts as the engine's default for its role; change the \
+         A wasmem {role} policy in {lang}, built against the WIT package `wasmem:policy@{WIT_VERSION}` \
+         (world `{role}-policy`). It starts as {start}; change the \
          decision logic and keep the checks passing.\n\n\
          Build (one command, in this folder):\n\n```sh\n{build}\n```\n\n\
          It writes `{out}`. Check it and use it:\n\n```sh\n\
          wasmem policy check {out}\n\
          wasmem policy check {out} --trace TRACE.jsonl.gz     # on a real trace's calls\n\
-         wasmem replay TRACE.jsonl.gz --policy {out}\n```\n\n\
+         wasmem replay TRACE.jsonl.gz --policy {use_it}\n```\n\n\
          Toolchain: {toolchain}\n\n\
          Quick test: `{test}`\n\n\
          The value shapes of the WIT types in {lang} and the rules a decision must follow \
@@ -281,16 +353,17 @@ codegen-units = 1
 strip = true
 "#;
 
-fn rust_source(role: Role) -> String {
+fn rust_source(role: ProjectRole) -> String {
     let body = match role {
-        Role::Placement => RUST_PLACEMENT,
-        Role::Reclamation => RUST_RECLAMATION,
-        Role::Eviction => RUST_EVICTION,
+        ProjectRole::Placement => RUST_PLACEMENT,
+        ProjectRole::Reclamation => RUST_RECLAMATION,
+        ProjectRole::Eviction => RUST_EVICTION,
+        ProjectRole::Planner => RUST_PLANNER,
     };
     format!("{RUST_HEAD}{body}")
 }
 
-const RUST_HEAD: &str = r#"//! `{{NAME}}`: a wasmem {{ROLE}} policy (WIT `wasmem:policy@0.2.0`).
+const RUST_HEAD: &str = r#"//! `{{NAME}}`: a wasmem {{ROLE}} policy (WIT `wasmem:policy@{{WIT}}`).
 //!
 //! Build: `cargo build --release --target wasm32-wasip2`, then
 //! `wasmem policy check target/wasm32-wasip2/release/{{MODULE}}.wasm`.
@@ -390,6 +463,33 @@ mod tests {
 }
 "#;
 
+const RUST_PLANNER: &str = r#"impl Planner for {{STRUCT}} {
+    /// The engine's own plan (`defaults::greedy_plan`: the cheapest of a
+    /// time-order best-fit plan and greedy-by-size plans); change it here. The engine refuses a plan whose offsets
+    /// are not multiples of 512, leave the arena, or overlap for requests
+    /// live at the same time (see `defaults::plan_intervals`).
+    fn plan(&mut self, profile: &StepProfile) -> Result<ArenaPlan, String> {
+        Ok(defaults::greedy_plan(profile))
+    }
+}
+
+export!({{STRUCT}}: planner);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_freed_block_is_reused() {
+        let req = |bytes, freed_at| PlanRequest { bytes, kind: TensorKind::Temp, stream_id: 0, freed_at, wraps_to: None };
+        let profile = StepProfile { step: 1, requests: vec![req(4096, Some(1)), req(4096, Some(2))] };
+        let plan = {{STRUCT}}.plan(&profile).unwrap();
+        assert_eq!(plan.offsets, vec![Some(0), Some(0)]);
+        assert_eq!(plan.arena_bytes, 4096);
+    }
+}
+"#;
+
 const PYTHON_BUILD: &str = r#"#!/bin/sh
 # Builds {{NAME}}.wasm from {{MODULE}}.py (componentize-py 0.25.1).
 set -eu
@@ -398,8 +498,8 @@ cd "$(dirname "$0")"
 echo "wrote {{NAME}}.wasm"
 "#;
 
-fn python_source(role: Role) -> String {
-    let head = r#""""{{NAME}}: a wasmem {{ROLE}} policy (WIT wasmem:policy@0.2.0, world {{WORLD}}).
+fn python_source(role: ProjectRole) -> String {
+    let head = r#""""{{NAME}}: a wasmem {{ROLE}} policy (WIT wasmem:policy@{{WIT}}, world {{WORLD}}).
 
 Build with `sh build.sh` (componentize-py 0.25.1), check with
 `wasmem policy check {{NAME}}.wasm`.
@@ -449,7 +549,7 @@ class Lifecycle(exports.Lifecycle):
             raise Err("{{NAME}} keeps no state")
 "#;
     let body = match role {
-        Role::Placement => {
+        ProjectRole::Placement => {
             r#"
 
 SMALL = 1 << 20  # a log2 size-class boundary: every decision below holds for its whole class
@@ -472,7 +572,7 @@ class Placement(exports.Placement):
                                        max_waste=(1 << 64) - 1, cacheable=True)
 "#
         }
-        Role::Reclamation => {
+        ProjectRole::Reclamation => {
             r#"
 
 ALL = (1 << 64) - 1
@@ -495,7 +595,7 @@ class Reclamation(exports.Reclamation):
                                  compact=None, stitch=False, trim=False)
 "#
         }
-        Role::Eviction => {
+        ProjectRole::Eviction => {
             r#"
 
 
@@ -512,6 +612,70 @@ class Eviction(exports.Eviction):
             victims.append(c.id)
             got += c.bytes
         return victims
+"#
+        }
+        ProjectRole::Planner => {
+            r#"
+
+ALIGN = 512
+
+
+def planned_bytes(nbytes):
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+class Planner(exports.Planner):
+    @reported
+    def plan(self, profile):
+        # First fit in allocation order: requests that wrap into the next step
+        # get the bottom of the arena; the others take the lowest free range
+        # once the blocks of the requests that ended before them are free.
+        reqs = profile.requests
+        n = len(reqs)
+        offsets = [None] * n
+        base = 0
+        for k, r in enumerate(reqs):
+            if r.freed_at is None and r.wraps_to is not None and 0 < r.wraps_to <= k:
+                offsets[k] = base
+                base += planned_bytes(r.bytes)
+        free = []  # [offset, size], sorted by offset
+        top = arena = base
+        ending = [[] for _ in range(n + 1)]
+        for t, r in enumerate(reqs):
+            for off, size in ending[t]:
+                i = 0
+                while i < len(free) and free[i][0] < off:
+                    i += 1
+                if i > 0 and free[i - 1][0] + free[i - 1][1] == off:
+                    i -= 1
+                    off, size = free[i][0], size + free[i][1]
+                    del free[i]
+                if i < len(free) and off + size == free[i][0]:
+                    size += free[i][1]
+                    del free[i]
+                if off + size == top:
+                    top = off
+                else:
+                    free.insert(i, [off, size])
+            known = r.freed_at is not None or (r.wraps_to is not None and r.wraps_to <= t)
+            if offsets[t] is not None or not known:
+                continue
+            size = planned_bytes(r.bytes)
+            hole = next((i for i, (_, s) in enumerate(free) if s >= size), None)
+            if hole is None:
+                off, top = top, top + size
+            else:
+                off = free[hole][0]
+                if free[hole][1] == size:
+                    del free[hole]
+                else:
+                    free[hole] = [off + size, free[hole][1] - size]
+            offsets[t] = off
+            arena = max(arena, off + size)
+            end = n if r.freed_at is None else min(max(r.freed_at, t + 1), n)
+            if end < n:
+                ending[end].append((off, size))
+        return types.ArenaPlan(arena_bytes=arena, offsets=offsets)
 "#
         }
     };
@@ -552,8 +716,8 @@ const JS_PACKAGE: &str = r#"{
 }
 "#;
 
-fn js_source(role: Role) -> String {
-    let head = r#"// {{NAME}}: a wasmem {{ROLE}} policy (WIT wasmem:policy@0.2.0, world {{WORLD}}).
+fn js_source(role: ProjectRole) -> String {
+    let head = r#"// {{NAME}}: a wasmem {{ROLE}} policy (WIT wasmem:policy@{{WIT}}, world {{WORLD}}).
 // Build with `npm install && npm run build`, check with `wasmem policy check {{NAME}}.wasm`.
 //
 // Value shapes: u64 values are BigInt (compare with 0n, add with +); enum cases
@@ -578,7 +742,7 @@ export const lifecycle = {
 };
 "#;
     let body = match role {
-        Role::Placement => {
+        ProjectRole::Placement => {
             r#"
 // A log2 size-class boundary: every decision below holds for its whole class.
 const SMALL = 1n << 20n;
@@ -602,7 +766,7 @@ export const placement = {
 };
 "#
         }
-        Role::Reclamation => {
+        ProjectRole::Reclamation => {
             r#"
 const ALL = (1n << 64n) - 1n;
 
@@ -626,7 +790,7 @@ export const reclamation = {
 };
 "#
         }
-        Role::Eviction => {
+        ProjectRole::Eviction => {
             r#"
 export const eviction = {
   // Least recently used first; never a candidate in use or pinned.
@@ -642,6 +806,73 @@ export const eviction = {
       got += c.bytes;
     }
     return victims;
+  },
+};
+"#
+        }
+        ProjectRole::Planner => {
+            r#"
+const ALIGN = 512n;
+const planned = (bytes) => ((bytes + ALIGN - 1n) / ALIGN) * ALIGN;
+
+export const planner = {
+  // First fit in allocation order: requests that wrap into the next step get
+  // the bottom of the arena; the others take the lowest free range once the
+  // blocks of the requests that ended before them are free. Sizes and
+  // offsets are BigInt; freedAt and wrapsTo are Numbers (or undefined).
+  plan(profile) {
+    const reqs = profile.requests;
+    const n = reqs.length;
+    const offsets = new Array(n).fill(undefined);
+    let base = 0n;
+    reqs.forEach((r, k) => {
+      if (r.freedAt === undefined && r.wrapsTo !== undefined && r.wrapsTo > 0 && r.wrapsTo <= k) {
+        offsets[k] = base;
+        base += planned(r.bytes);
+      }
+    });
+    const free = []; // [offset, size], sorted by offset
+    let top = base;
+    let arena = base;
+    const ending = Array.from({ length: n + 1 }, () => []);
+    const give = (off, size) => {
+      let i = 0;
+      while (i < free.length && free[i][0] < off) i++;
+      if (i > 0 && free[i - 1][0] + free[i - 1][1] === off) {
+        i--;
+        off = free[i][0];
+        size += free[i][1];
+        free.splice(i, 1);
+      }
+      if (i < free.length && off + size === free[i][0]) {
+        size += free[i][1];
+        free.splice(i, 1);
+      }
+      if (off + size === top) top = off;
+      else free.splice(i, 0, [off, size]);
+    };
+    for (let t = 0; t < n; t++) {
+      for (const [off, size] of ending[t]) give(off, size);
+      const r = reqs[t];
+      const known = r.freedAt !== undefined || (r.wrapsTo !== undefined && r.wrapsTo <= t);
+      if (offsets[t] !== undefined || !known) continue;
+      const size = planned(r.bytes);
+      let off;
+      const hole = free.findIndex(([, s]) => s >= size);
+      if (hole < 0) {
+        off = top;
+        top += size;
+      } else {
+        off = free[hole][0];
+        if (free[hole][1] === size) free.splice(hole, 1);
+        else free[hole] = [off + size, free[hole][1] - size];
+      }
+      offsets[t] = off;
+      if (off + size > arena) arena = off + size;
+      const end = r.freedAt === undefined ? n : Math.min(Math.max(r.freedAt, t + 1), n);
+      if (end < n) ending[end].push([off, size]);
+    }
+    return { arenaBytes: arena, offsets };
   },
 };
 "#

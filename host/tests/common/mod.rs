@@ -77,6 +77,12 @@ pub fn hostile() -> Option<PathBuf> {
     Some(dir.join("hostile.wasm"))
 }
 
+/// The hostile planner of `tests/hostile` (WIT 0.3.0), built on first use.
+pub fn hostile_planner() -> Option<PathBuf> {
+    let dir = hostile()?;
+    Some(dir.with_file_name("hostile_planner.wasm"))
+}
+
 /// A WAT component of `tests/hostile/wat`, compiled to a binary.
 pub fn wat(name: &str) -> Vec<u8> {
     let path = repo().join("tests/hostile/wat").join(format!("{name}.wat"));

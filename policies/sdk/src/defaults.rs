@@ -1,12 +1,53 @@
 //! The default decisions, as plain functions so that a policy can build on
 //! them. They are the same decisions as the engine's built-in defaults
-//! (`host/src/builtin/{pytorch,lru}.rs`), decision for decision.
+//! (`host/src/builtin/{pytorch,lru,planner}.rs`), decision for decision
+//! (the planner's algorithm is the very code the engine runs:
+//! `wasmem-plan-core`).
 
 use alloc::string::ToString;
 use alloc::vec;
 use alloc::vec::Vec;
 
-use crate::types::{EvictionCandidate, PlacementDecision, PoolSpec, ReclaimDecision, ReclaimPlan, ReclaimTrigger};
+use crate::types::{
+    ArenaPlan, EvictionCandidate, PlacementDecision, PlanRequest, PoolSpec, ReclaimDecision, ReclaimPlan,
+    ReclaimTrigger, StepProfile,
+};
+
+/// Alignment of every planned offset, and the rounding of every planned request.
+pub const PLAN_ALIGN: u64 = wasmem_plan_core::ALIGN;
+
+/// A profile's request in the planning algorithm's plain type.
+pub fn plan_request_core(r: &PlanRequest) -> wasmem_plan_core::Request {
+    wasmem_plan_core::Request { bytes: r.bytes, freed_at: r.freed_at, wraps_to: r.wraps_to }
+}
+
+/// The bytes a planned block of `r` takes (its bytes rounded up to [`PLAN_ALIGN`]).
+pub fn planned_bytes(r: &PlanRequest) -> u64 {
+    plan_request_core(r).planned_bytes()
+}
+
+/// Whether request `k` of a profile (`r`) has a known lifetime in the
+/// step's cycle, so that it can be planned: freed within the step, or live
+/// at its end with `wraps-to ≤ k`.
+pub fn plannable(r: &PlanRequest, k: u32) -> bool {
+    plan_request_core(r).plannable(k)
+}
+
+/// The time intervals request `k` (`r`) of a step of `n` requests occupies
+/// in the step's cycle: one, or two when it wraps (`[k, n)` and `[0, wraps-to)`).
+pub fn plan_intervals(r: &PlanRequest, k: u32, n: u32) -> ([(u32, u32); 2], usize) {
+    plan_request_core(r).intervals(k, n)
+}
+
+/// The engine's built-in plan of `profile` (`planned`): the cheapest of a
+/// time-order best-fit plan and greedy-by-size plans over lifetime
+/// intervals (`wasmem_plan_core::plan`) — the same code the engine runs, so
+/// the same plan, offset for offset.
+pub fn greedy_plan(profile: &StepProfile) -> ArenaPlan {
+    let requests: Vec<wasmem_plan_core::Request> = profile.requests.iter().map(plan_request_core).collect();
+    let p = wasmem_plan_core::plan(&requests);
+    ArenaPlan { arena_bytes: p.arena_bytes, offsets: p.offsets }
+}
 
 /// `1 MiB`.
 pub const MIB: u64 = 1 << 20;

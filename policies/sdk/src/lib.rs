@@ -5,9 +5,10 @@
 //!
 //! A policy is a struct that implements [`Policy`] (name, configuration,
 //! state) and one or more role traits: [`Placement`], [`Reclamation`],
-//! [`Eviction`]. Every role method has a default — PyTorch's
-//! CUDACachingAllocator decisions for placement and reclamation, LRU for
-//! eviction — so a policy overrides only what it changes. [`export!`] exports
+//! [`Eviction`], [`Planner`] (WIT 0.3.0). Every role method has a default —
+//! PyTorch's CUDACachingAllocator decisions for placement and reclamation,
+//! LRU for eviction, the engine's greedy-by-size plan for the planner — so
+//! a policy overrides only what it changes. [`export!`] exports
 //! the struct as a component of the roles it names:
 //!
 //! ```
@@ -73,7 +74,7 @@ use alloc::vec::Vec;
 /// `format!`, `vec!`.
 pub mod prelude {
     pub use crate::types::*;
-    pub use crate::{defaults, export, host, Config, Eviction, Placement, Policy, Reclamation};
+    pub use crate::{defaults, export, host, Config, Eviction, Placement, Planner, Policy, Reclamation};
     pub use alloc::borrow::ToOwned;
     pub use alloc::boxed::Box;
     pub use alloc::string::{String, ToString};
@@ -94,8 +95,8 @@ pub mod host {
 }
 
 use types::{
-    AllocRequest, EvictionCandidate, PlacementDecision, PolicyContext, PoolSpec, ReclaimDecision, ReclaimPlan,
-    ReclaimTrigger,
+    AllocRequest, ArenaPlan, EvictionCandidate, PlacementDecision, PolicyContext, PoolSpec, ReclaimDecision,
+    ReclaimPlan, ReclaimTrigger, StepProfile,
 };
 
 /// What every policy provides: its name, configuration and state transfer
@@ -183,11 +184,27 @@ pub trait Eviction: Policy {
     }
 }
 
+/// The planning role (`wasmem:policy/planner`, WIT 0.3.0): at a step's end,
+/// the engine hands the step's profile (every request with its size, kind,
+/// stream and lifetime) to the planner, validates the plan it returns (one
+/// offset per request, aligned to [`defaults::PLAN_ALIGN`], inside the
+/// arena, no two requests live at once sharing a byte) and serves the
+/// steps that repeat the profile from one arena at the planned offsets.
+pub trait Planner: Policy {
+    /// The plan of `profile`; an error refuses it (the steps stay dynamic).
+    /// Default: the engine's built-in greedy-by-size plan
+    /// ([`defaults::greedy_plan`]).
+    fn plan(&mut self, profile: &StepProfile) -> Result<ArenaPlan, String> {
+        Ok(defaults::greedy_plan(profile))
+    }
+}
+
 /// Exports a policy struct as a component.
 ///
 /// `export!(MyPolicy: placement, reclamation);` exports `lifecycle` and the
-/// named roles (any of `placement`, `reclamation`, `eviction`, each at most
-/// once); `MyPolicy` must implement [`Policy`] and the named role traits.
+/// named roles (any of `placement`, `reclamation`, `eviction`, `planner`,
+/// each at most once); `MyPolicy` must implement [`Policy`] and the named
+/// role traits.
 /// Use it once, at the root of a `cdylib` crate.
 #[macro_export]
 macro_rules! export {
@@ -234,6 +251,11 @@ macro_rules! __export_role {
         #[cfg(target_arch = "wasm32")]
         $crate::__export_eviction_only_impl!($e with_types_in $crate::bindings::eviction);
     };
+    (planner $ty:ty, $e:ident) => {
+        $crate::__export_role!(@check $ty, $crate::Planner);
+        #[cfg(target_arch = "wasm32")]
+        $crate::__export_planner_only_impl!($e with_types_in $crate::bindings::planner);
+    };
     (@check $ty:ty, $role:path) => {
         // Also on native targets, where the exports are left out: the
         // policy implements the role it exports.
@@ -246,7 +268,7 @@ macro_rules! __export_role {
         ::core::compile_error!(::core::concat!(
             "unknown role `",
             ::core::stringify!($other),
-            "` (expected placement, reclamation or eviction)"
+            "` (expected placement, reclamation, eviction or planner)"
         ));
     };
 }
@@ -258,12 +280,13 @@ pub mod __private {
     use crate::bindings::base::exports::wasmem::policy::lifecycle;
     use crate::bindings::eviction::exports::wasmem::policy::eviction;
     use crate::bindings::placement::exports::wasmem::policy::placement;
+    use crate::bindings::planner::exports::wasmem::policy::planner;
     use crate::bindings::reclamation::exports::wasmem::policy::reclamation;
     use crate::types::{
-        AllocRequest, EvictionCandidate, PlacementDecision, PolicyContext, PoolSpec, ReclaimDecision, ReclaimPlan,
-        ReclaimTrigger,
+        AllocRequest, ArenaPlan, EvictionCandidate, PlacementDecision, PolicyContext, PoolSpec, ReclaimDecision,
+        ReclaimPlan, ReclaimTrigger, StepProfile,
     };
-    use crate::{defaults, Config, Eviction, Placement, Policy, Reclamation};
+    use crate::{defaults, Config, Eviction, Placement, Planner, Policy, Reclamation};
     use alloc::string::{String, ToString};
     use alloc::vec::Vec;
 
@@ -408,6 +431,15 @@ pub mod __private {
     {
         fn choose_victims(need_bytes: u64, candidates: Vec<EvictionCandidate>, ctx: PolicyContext) -> Vec<u64> {
             E::with(|p| p.choose_victims(need_bytes, &candidates, &ctx))
+        }
+    }
+
+    impl<E: Exporter> planner::Guest for E
+    where
+        E::Policy: Planner,
+    {
+        fn plan(profile: StepProfile) -> Result<ArenaPlan, String> {
+            E::with(|p| p.plan(&profile))
         }
     }
 }

@@ -229,9 +229,9 @@ pub enum PolicyCommand {
         /// Language: rust, python or js.
         #[arg(long, value_parser = parse_lang)]
         lang: wasmem::policy::scaffold::Lang,
-        /// Role: placement, reclamation or eviction.
-        #[arg(long, value_parser = parse_role)]
-        role: wasmem::decision::Role,
+        /// Role: placement, reclamation, eviction or planner (WIT 0.3.0).
+        #[arg(long, value_parser = parse_project_role)]
+        role: wasmem::policy::scaffold::ProjectRole,
         /// The policy's name (lowercase letters, digits, `-`).
         name: String,
         /// The project directory (default: ./NAME); created, or empty.
@@ -253,12 +253,10 @@ fn parse_lang(s: &str) -> Result<wasmem::policy::scaffold::Lang, String> {
     wasmem::policy::scaffold::Lang::parse(s).ok_or_else(|| format!("`{s}`: expected rust, python or js"))
 }
 
-/// `placement`, `reclamation` or `eviction`.
-fn parse_role(s: &str) -> Result<wasmem::decision::Role, String> {
-    wasmem::decision::Role::ALL
-        .into_iter()
-        .find(|r| r.to_string() == s)
-        .ok_or_else(|| format!("`{s}`: expected placement, reclamation or eviction"))
+/// `placement`, `reclamation`, `eviction` or `planner`.
+fn parse_project_role(s: &str) -> Result<wasmem::policy::scaffold::ProjectRole, String> {
+    wasmem::policy::scaffold::ProjectRole::parse(s)
+        .ok_or_else(|| format!("`{s}`: expected placement, reclamation, eviction or planner"))
 }
 
 #[derive(Subcommand)]

@@ -14,7 +14,10 @@
 //! - state: the state saved halfway loads into a fresh instance, which then
 //!   answers the rest of the calls as the original does;
 //! - cost: per role, the number of calls and their median and 99th-percentile
-//!   duration, against the runtime's deadline.
+//!   duration, against the runtime's deadline;
+//! - a planner (WIT 0.3.0) gets its own suite ([`planner`](self::planner)):
+//!   valid plans ([`crate::decision::validate_plan`]) for fuzzed step
+//!   profiles, determinism, state, cost against the planning deadline.
 //!
 //! **Measure, then judge.** The suite's calls run with a relaxed deadline
 //! ([`relaxed_deadline`]: 10× the runtime's, at least 100 ms), so that a
@@ -30,12 +33,14 @@
 //! calls, inputs) and the instances. The [`Verdict`] prints as a report.
 
 mod calls;
+mod planner;
 mod trace;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use planner::PlannerCost;
 pub use trace::{check_trace, TraceOptions};
 
 use self::calls::{first_difference, Answer, Call, Input, Outcome as CallOutcome, Runner};
@@ -53,6 +58,13 @@ pub struct CheckOptions {
     pub seed: u64,
     /// Configuration passed to `init`.
     pub config: String,
+}
+
+impl CheckOptions {
+    /// Step profiles planned by a planner's suite: one per 50 cases, at least 10.
+    pub fn profiles(&self) -> usize {
+        (self.cases / 50).max(10)
+    }
 }
 
 impl Default for CheckOptions {
@@ -111,6 +123,8 @@ pub struct Verdict {
     pub policy: String,
     /// Roles exported.
     pub roles: Vec<Role>,
+    /// Whether it exports the planner (WIT 0.3.0).
+    pub planner: bool,
     /// The version of the WIT package the component was built against
     /// (`None` if it did not load).
     pub wit_version: Option<WitVersion>,
@@ -118,6 +132,8 @@ pub struct Verdict {
     pub items: Vec<CheckItem>,
     /// Per exported role: calls and their cost (empty when no call ran).
     pub costs: Vec<RoleCost>,
+    /// The planner's calls and their cost (`None`: no planner, or no call ran).
+    pub planner_cost: Option<PlannerCost>,
 }
 
 impl Verdict {
@@ -127,9 +143,11 @@ impl Verdict {
             path: path.to_path_buf(),
             policy: label,
             roles: vec![],
+            planner: false,
             wit_version: None,
             items: vec![],
             costs: vec![],
+            planner_cost: None,
         }
     }
 
@@ -150,7 +168,10 @@ impl Verdict {
 
 impl fmt::Display for Verdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let roles: Vec<String> = self.roles.iter().map(|r| r.to_string()).collect();
+        let mut roles: Vec<String> = self.roles.iter().map(|r| r.to_string()).collect();
+        if self.planner {
+            roles.push("planner".to_string());
+        }
         writeln!(
             f,
             "policy `{}` ({}): {}",
@@ -239,6 +260,7 @@ fn prepare(rt: &Runtime, path: &Path, config: &str, v: &mut Verdict) -> Option<(
         }
     };
     v.roles = loaded.roles().to_vec();
+    v.planner = loaded.exports_planner();
     v.wit_version = Some(loaded.wit_version());
     v.push(
         "load (exports, WIT version, imports)",
@@ -506,9 +528,41 @@ pub fn check_with(rt: &Runtime, path: &Path, opts: &CheckOptions) -> Verdict {
     let pools = a.pools().to_vec();
     let known = |n: &str| n == "small" || n == "large" || pools.iter().any(|p| p.name == n);
     validity(&mut v, &a, &calls, &oa, &known, "");
+    if calls.is_empty() {
+        // A planner alone: its own suite below checks determinism and state.
+        v.push("determinism: same inputs, same outputs", Outcome::Skip, "no decision role");
+    } else {
+        decision_determinism_and_state(&mut v, rt, &loaded, opts, &calls, (&oa, &ob), (sa, sb), half);
+    }
+    cost(&mut v, rt, &calls, &oa, &ob);
+    if a.exports_planner() {
+        let profiles = planner::fuzzed_profiles(opts.profiles(), opts.seed);
+        let half = profiles.len() / 2;
+        let mut pa = planner::run(&a, &profiles[..half]);
+        let state = a.save_state();
+        pa.extend(planner::run(&a, &profiles[half..]));
+        let pb = planner::run(&b, &profiles);
+        let halfway = planner::Halfway { loaded: &loaded, config: &opts.config, state };
+        planner::judge(&mut v, rt, Some(halfway), &pa, &pb, "");
+    }
+    sandbox(&mut v, &[&a, &b]);
+    v
+}
 
+/// The determinism and state items of the decision roles' calls.
+#[allow(clippy::too_many_arguments)]
+fn decision_determinism_and_state(
+    v: &mut Verdict,
+    rt: &Runtime,
+    loaded: &Loaded,
+    opts: &CheckOptions,
+    calls: &[Call],
+    (oa, ob): (&[CallOutcome], &[CallOutcome]),
+    (sa, sb): (Result<Vec<u8>, crate::decision::PolicyError>, Result<Vec<u8>, crate::decision::PolicyError>),
+    half: usize,
+) {
     // Determinism: the second instance, the same calls.
-    match first_difference(&calls, (A, &oa), (B, &ob), 0) {
+    match first_difference(calls, (A, oa), (B, ob), 0) {
         None => v.push(
             "determinism: same inputs, same outputs",
             Outcome::Pass,
@@ -558,7 +612,7 @@ pub fn check_with(rt: &Runtime, path: &Path, opts: &CheckOptions) -> Verdict {
             let mut oc: Vec<CallOutcome> = vec![CallOutcome { answer: Answer::Skipped, took: Duration::ZERO }; half];
             oc.extend(calls[half..].iter().map(|x| rc.run(&x.input)));
             let c_name = format!("C (fresh, loaded with A's {bytes}-byte state after {half} calls)");
-            match first_difference(&calls, (A, &oa), (&c_name, &oc), half) {
+            match first_difference(calls, (A, oa), (&c_name, &oc), half) {
                 None => v.push(
                     continuation,
                     Outcome::Pass,
@@ -575,7 +629,4 @@ pub fn check_with(rt: &Runtime, path: &Path, opts: &CheckOptions) -> Verdict {
             }
         }
     }
-    cost(&mut v, rt, &calls, &oa, &ob);
-    sandbox(&mut v, &[&a, &b]);
-    v
 }

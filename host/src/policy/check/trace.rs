@@ -13,6 +13,12 @@
 //! the parent module): a call delayed by a busy machine would otherwise be
 //! decided by the fallback and change every later input.
 //!
+//! A planner (WIT 0.3.0) is checked on the profiles of two more replays in
+//! which it plans for the built-in `defrag` set (as in
+//! `PLANNER+defrag`): the plans of the first go through the planner
+//! suite's validity check, the two replays' plans must agree, and their
+//! cost is judged against the planning deadline.
+//!
 //! The device is 80 GiB, or, for a policy that exports eviction, 60 % of
 //! the trace's peak live bytes (so that eviction is exercised), unless
 //! [`TraceOptions::device_mem`] says otherwise; the host and disk tiers are
@@ -23,14 +29,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::calls::{first_difference, Answer, Call, Input, Outcome as CallOutcome};
+use super::planner::{self, PlanCall, RecordingPlanner};
 use super::{cost, prepare, sandbox, validity, Outcome, Verdict, A, B};
+use crate::alloc::Allocator;
 use crate::decision::{
     AllocRequest, EvictionCandidate, EvictionPolicy, PlacementDecision, PlacementPolicy, Policies, PolicyContext,
     PolicyError, PoolSpec, ReclaimDecision, ReclaimTrigger, ReclamationPolicy, StateHandle,
 };
-use crate::device::sim::SimConfig;
+use crate::device::sim::{SimConfig, SimDevice};
 use crate::policy::{Runtime, WasmPolicy};
-use crate::replay::{replay, Metrics, ReplayConfig};
+use crate::replay::{replay, replay_with, Metrics, ReplayConfig};
 use crate::tier::TierConfig;
 use crate::trace::Event;
 use crate::types::{TensorId, GIB};
@@ -193,6 +201,21 @@ fn run(w: &Workload, p: &WasmPolicy, cfg: &ReplayConfig) -> Result<Recorded, Str
     Ok((calls, outs, m, pools))
 }
 
+/// One replay of `w` with the planner of `p` for the built-in `defrag`
+/// set, recording the planning calls.
+fn plan_run(w: &Workload, p: &WasmPolicy, cfg: &ReplayConfig) -> Result<Vec<PlanCall>, String> {
+    let inner = p.planner().ok_or("no planner")?;
+    let log = Arc::default();
+    let defrag = crate::builtin::by_name("defrag").ok_or("no built-in `defrag`")?;
+    let mut alloc = Allocator::new(SimDevice::new(cfg.device), defrag);
+    alloc.set_planner(Some(Box::new(RecordingPlanner { inner, log: Arc::clone(&log) })));
+    let events = w.events().map_err(|e| e.to_string())?;
+    let r = replay_with(events, alloc, cfg, |_| {}).map_err(|e| e.to_string())?;
+    drop(r);
+    let calls = std::mem::take(&mut *log.lock().unwrap_or_else(|e| e.into_inner()));
+    Ok(calls)
+}
+
 /// Checks the component at `path` on the calls of a replay of
 /// `opts.trace` (see the module documentation).
 pub fn check_trace(rt: &Runtime, path: &Path, opts: &TraceOptions) -> Verdict {
@@ -268,6 +291,14 @@ pub fn check_trace(rt: &Runtime, path: &Path, opts: &TraceOptions) -> Verdict {
                 Some(d) => v.push("determinism: same inputs, same outputs", Outcome::Fail, d),
             }
             cost(&mut v, rt, &ca, &oa, &ob);
+        }
+    }
+    if a.exports_planner() {
+        match (plan_run(&w, &a, &cfg), plan_run(&w, &b, &cfg)) {
+            (Ok(pa), Ok(pb)) => planner::judge(&mut v, rt, None, &pa, &pb, " (trace)"),
+            (Err(e), _) | (_, Err(e)) => {
+                v.push("planner: valid plans (trace)", Outcome::Fail, format!("replay with the planner: {e}"))
+            }
         }
     }
     sandbox(&mut v, &[&a, &b]);

@@ -1,0 +1,512 @@
+//! # wasmem-plan-core
+//!
+//! The planning algorithm of wasmem's planned placement, with its own plain
+//! types: the engine's built-in planner and the SDK's default planner (and
+//! so the shipped `greedy-planner` component) both call [`plan`], so they
+//! plan alike, plan for plan.
+//!
+//! A step of `n` requests is a cycle of times `0 .. n`: request `k` is
+//! allocated at time `k` and occupies its block until it is freed
+//! ([`Request::freed_at`]), or, when it is live at the step's end, until
+//! the end and again from the next step's start until [`Request::wraps_to`].
+//!
+//! **Greedy by size with best fit over lifetime intervals** (Pisarchyk &
+//! Lee 2020, "Efficient memory management for deep neural net inference",
+//! the "greedy by size" offset calculation). Requests are placed in
+//! decreasing planned size (longer lifetimes first among equals, then by
+//! index). Each goes into the smallest gap, between the blocks already
+//! placed whose lifetimes overlap its own, that holds it (the lowest such
+//! gap on a tie); when no gap holds it, just above the highest of them. The
+//! arena is the highest end. Requests whose end of life in the cycle is not
+//! known ([`Request::plannable`]) are left unplanned.
+//!
+//! [`plan`] makes up to three plans and keeps the cheapest (its arena plus
+//! the bytes it leaves to the dynamic path; the first on a tie):
+//!
+//! 1. always, in O(n log n), [`in_time_order`]: the step replayed in time
+//!    order through a best-fit allocator that knows each lifetime (a free
+//!    gap map by size and by offset, the arena growing at the top when no
+//!    gap holds a request). Requests that wrap into the next step keep
+//!    their block only when it is free during the next step's start too;
+//!    the others are left unplanned;
+//! 2. greedy by size, while its work — the sum of the planned lifetimes,
+//!    in requests — stays within [`GREEDY_WORK`] (its cost grows with the
+//!    number of tensors live at once);
+//! 3. when some requests stay to the end of the profile (parameters in a
+//!    whole-trace offline plan): those first, stacked in allocation order
+//!    as a floor, then the rest by size (greedy by size alone can leave
+//!    holes under tensors that never leave).
+//!
+//! Finding the placed blocks that overlap a lifetime `[a, e)`: those that
+//! cover time `a` (a segment tree over time whose nodes hold the pieces
+//! that cover their whole range: the nodes on the root-to-leaf path of `a`)
+//! and those that start in `(a, e)` (a list of placed pieces by start
+//! time). The cost is O(log n) per placement plus the overlapping blocks it
+//! looks at.
+
+#![no_std]
+#![warn(missing_docs)]
+
+extern crate alloc;
+
+use alloc::collections::{BTreeMap, BTreeSet};
+use alloc::vec;
+use alloc::vec::Vec;
+
+/// Most work (the sum of the planned requests' lifetimes, in requests) for
+/// which greedy by size is tried by [`plan`] (its cost grows with it; the
+/// time-order plan is made whatever the work).
+pub const GREEDY_WORK: u64 = 4_000_000;
+
+/// Most (wrapping request, early block) pairs checked by [`in_time_order`];
+/// past it, wrapping requests are left unplanned.
+pub const WRAP_CHECKS: u64 = 20_000_000;
+
+/// Alignment of every planned offset, and the rounding of every planned request.
+pub const ALIGN: u64 = 512;
+
+/// Most requests [`greedy_by_size`] plans; a longer profile is left
+/// entirely unplanned (time is indexed by `u32`, the segment tree by a
+/// power of two above the count).
+pub const MAX_REQUESTS: usize = 1 << 30;
+
+/// One request of a step, as the planner sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    /// Requested bytes.
+    pub bytes: u64,
+    /// When it was freed: the index of the first request allocated after
+    /// its free; `None`: still live at the end of the step.
+    pub freed_at: Option<u32>,
+    /// For a request live at the step's end: the time in the next step at
+    /// which the same request of the previous step was freed; `None`: not known.
+    pub wraps_to: Option<u32>,
+}
+
+impl Request {
+    /// The bytes its planned block takes: [`Request::bytes`] rounded up to
+    /// [`ALIGN`] (saturating at the largest multiple of [`ALIGN`]).
+    pub fn planned_bytes(&self) -> u64 {
+        self.bytes.div_ceil(ALIGN).checked_mul(ALIGN).unwrap_or(u64::MAX - (ALIGN - 1))
+    }
+
+    /// Whether request `k` (this one) has a known lifetime in the step's
+    /// cycle: freed within the step, or live at the end and freed in the
+    /// next step before that step's request `k` (otherwise two instances of
+    /// it would be live at once). Only such requests can be planned.
+    pub fn plannable(&self, k: u32) -> bool {
+        self.freed_at.is_some() || self.wraps_to.is_some_and(|w| w <= k)
+    }
+
+    /// The time intervals it occupies in the cycle of a step of `n`
+    /// requests (`k < n`: its index): one, or two when it wraps. A free
+    /// after the step's end counts as the end (`n`).
+    pub fn intervals(&self, k: u32, n: u32) -> ([(u32, u32); 2], usize) {
+        match (self.freed_at, self.wraps_to) {
+            (Some(f), _) => ([(k, f.max(k + 1).min(n.max(k + 1))), (0, 0)], 1),
+            (None, Some(w)) if w > 0 => ([(k, n), (0, w.min(k))], if w.min(k) > 0 { 2 } else { 1 }),
+            (None, _) => ([(k, n), (0, 0)], 1),
+        }
+    }
+
+    /// Times of the cycle it occupies (the sum of its intervals' lengths).
+    pub fn lifetime(&self, k: u32, n: u32) -> u64 {
+        let (iv, m) = self.intervals(k, n);
+        iv[..m].iter().map(|&(a, b)| u64::from(b.saturating_sub(a))).sum()
+    }
+}
+
+/// Where each request of a step goes in one arena.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Plan {
+    /// Bytes of the arena: the highest end of a planned block.
+    pub arena_bytes: u64,
+    /// The offset of each request, in order; `None`: not planned.
+    pub offsets: Vec<Option<u64>>,
+}
+
+/// A placed piece of a lifetime: its item and time interval.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    item: u32,
+    t0: u32,
+    t1: u32,
+}
+
+/// Placed blocks, queryable by lifetime overlap.
+struct Placed {
+    /// Size of the time axis (a power of two ≥ the step's requests).
+    width: u32,
+    /// Segment tree over time: node → pieces that cover its whole range.
+    nodes: Vec<Vec<u32>>,
+    /// Pieces by start time.
+    starts: Vec<Vec<u32>>,
+    pieces: Vec<Piece>,
+    /// Per item: (offset, end) once placed.
+    blocks: Vec<(u64, u64)>,
+    /// Per item: the query stamp that last saw it (deduplication).
+    seen: Vec<u32>,
+    stamp: u32,
+}
+
+impl Placed {
+    fn new(n: u32, items: usize) -> Self {
+        let width = n.max(1).next_power_of_two();
+        Placed {
+            width,
+            nodes: vec![Vec::new(); 2 * width as usize],
+            starts: vec![Vec::new(); width as usize + 1],
+            pieces: Vec::new(),
+            blocks: vec![(0, 0); items],
+            seen: vec![0; items],
+            stamp: 0,
+        }
+    }
+
+    /// Registers `[t0, t1)` of `item` (`t0 < t1 ≤ width`) in the canonical
+    /// nodes covering it.
+    fn insert(&mut self, item: u32, t0: u32, t1: u32) {
+        let id = self.pieces.len() as u32;
+        self.pieces.push(Piece { item, t0, t1 });
+        self.starts[t0 as usize].push(id);
+        let (mut lo, mut hi) = (t0 + self.width, t1 + self.width);
+        while lo < hi {
+            if lo & 1 == 1 {
+                self.nodes[lo as usize].push(id);
+                lo += 1;
+            }
+            if hi & 1 == 1 {
+                hi -= 1;
+                self.nodes[hi as usize].push(id);
+            }
+            lo >>= 1;
+            hi >>= 1;
+        }
+    }
+
+    /// Adds to `out` the block of every placed item with a piece
+    /// overlapping `[a, e)` (each item once per `begin_query`).
+    fn overlapping(&mut self, a: u32, e: u32, out: &mut Vec<(u64, u64)>) {
+        let mut visit = |placed: &mut Placed, id: u32| {
+            let p = placed.pieces[id as usize];
+            if p.t0 < e && a < p.t1 && placed.seen[p.item as usize] != placed.stamp {
+                placed.seen[p.item as usize] = placed.stamp;
+                out.push(placed.blocks[p.item as usize]);
+            }
+        };
+        // Pieces covering time `a`.
+        let mut node = (a + self.width) as usize;
+        while node >= 1 {
+            for i in 0..self.nodes[node].len() {
+                let id = self.nodes[node][i];
+                visit(self, id);
+            }
+            node >>= 1;
+        }
+        // Pieces starting in (a, e).
+        for t in (a + 1)..e.min(self.width + 1) {
+            for i in 0..self.starts[t as usize].len() {
+                let id = self.starts[t as usize][i];
+                visit(self, id);
+            }
+        }
+    }
+
+    fn begin_query(&mut self) {
+        self.stamp = self.stamp.wrapping_add(1);
+        if self.stamp == 0 {
+            self.seen.iter_mut().for_each(|s| *s = 0);
+            self.stamp = 1;
+        }
+    }
+}
+
+/// The lowest offset of the smallest gap of at least `size` bytes between
+/// the (possibly overlapping) blocks `occupied`, or above them all.
+fn best_fit(occupied: &mut [(u64, u64)], size: u64) -> u64 {
+    occupied.sort_unstable();
+    let mut best: Option<(u64, u64)> = None; // (gap, offset)
+    let mut top = 0u64;
+    for &(off, end) in occupied.iter() {
+        if off > top {
+            let gap = off - top;
+            if gap >= size && best.is_none_or(|(g, _)| gap < g) {
+                best = Some((gap, top));
+            }
+        }
+        top = top.max(end);
+    }
+    best.map_or(top, |(_, off)| off)
+}
+
+/// The plan of a step's `requests`: the cheapest of the plans described in
+/// the crate documentation. Deterministic; every planned request is
+/// [`Request::plannable`]. A profile of more than [`MAX_REQUESTS`] requests
+/// gets an empty plan (nothing planned).
+pub fn plan(requests: &[Request]) -> Plan {
+    if requests.len() > MAX_REQUESTS {
+        return Plan { arena_bytes: 0, offsets: vec![None; requests.len()] };
+    }
+    let reqs = requests;
+    let n = reqs.len() as u32;
+    let life = |k: u32| reqs[k as usize].lifetime(k, n);
+    let by_size = |order: &mut Vec<u32>| {
+        order.sort_unstable_by_key(|&k| {
+            (core::cmp::Reverse(reqs[k as usize].planned_bytes()), core::cmp::Reverse(life(k)), k)
+        })
+    };
+    let plannable = (0..n).filter(|&k| reqs[k as usize].plannable(k));
+    let sim = in_time_order(reqs);
+    let work: u64 = plannable.clone().map(life).fold(0, u64::saturating_add);
+    if work > GREEDY_WORK {
+        return sim;
+    }
+    // A plan's cost: its arena, plus the bytes it leaves to the dynamic
+    // path (they need memory too); the first plan wins a tie.
+    let cost = |p: &Plan| -> u64 {
+        let left = (0..n).filter(|&k| reqs[k as usize].plannable(k) && p.offsets[k as usize].is_none());
+        left.map(|k| reqs[k as usize].planned_bytes()).fold(p.arena_bytes, u64::saturating_add)
+    };
+    let mut best = sim;
+    let keep = |plan: Plan, best: &mut Plan| {
+        if cost(&plan) < cost(best) {
+            *best = plan;
+        }
+    };
+    let mut order: Vec<u32> = plannable.clone().collect();
+    by_size(&mut order);
+    keep(place(reqs, &order), &mut best);
+    // The floor: requests that stay to the end of the profile, stacked in
+    // allocation order below the rest (they never leave, so every gap
+    // between them is lost for good).
+    let (floor, mut rest): (Vec<u32>, Vec<u32>) = plannable.partition(|&k| reqs[k as usize].freed_at == Some(n));
+    if !floor.is_empty() && !rest.is_empty() {
+        by_size(&mut rest);
+        let mut floored = floor;
+        floored.extend(rest);
+        keep(place(reqs, &floored), &mut best);
+    }
+    best
+}
+
+/// Greedy by size alone (the second plan of [`plan`], whatever its work):
+/// the plannable requests in decreasing planned size (longer lifetimes
+/// first among equals, then by index), each at the best-fitting gap.
+pub fn greedy_by_size(requests: &[Request]) -> Plan {
+    if requests.len() > MAX_REQUESTS {
+        return Plan { arena_bytes: 0, offsets: vec![None; requests.len()] };
+    }
+    let n = requests.len() as u32;
+    let mut order: Vec<u32> = (0..n).filter(|&k| requests[k as usize].plannable(k)).collect();
+    order.sort_unstable_by_key(|&k| {
+        let r = &requests[k as usize];
+        (core::cmp::Reverse(r.planned_bytes()), core::cmp::Reverse(r.lifetime(k, n)), k)
+    });
+    place(requests, &order)
+}
+
+/// Places the requests of `order` one by one, each at the best-fitting gap
+/// among the placed blocks whose lifetimes overlap its own.
+fn place(reqs: &[Request], order: &[u32]) -> Plan {
+    let n = reqs.len() as u32;
+    let mut placed = Placed::new(n, reqs.len());
+    let mut offsets = vec![None; reqs.len()];
+    let mut arena = 0u64;
+    let mut occupied = Vec::new();
+    for &k in order {
+        let r = &reqs[k as usize];
+        let size = r.planned_bytes();
+        let (iv, m) = r.intervals(k, n);
+        placed.begin_query();
+        occupied.clear();
+        for &(a, e) in &iv[..m] {
+            if a < e {
+                placed.overlapping(a, e, &mut occupied);
+            }
+        }
+        let off = best_fit(&mut occupied, size);
+        let end = off.saturating_add(size);
+        placed.blocks[k as usize] = (off, end);
+        for &(a, e) in &iv[..m] {
+            if a < e {
+                placed.insert(k, a, e);
+            }
+        }
+        offsets[k as usize] = Some(off);
+        arena = arena.max(end);
+    }
+    Plan { arena_bytes: arena, offsets }
+}
+
+/// Free gaps of an arena, by offset and by (size, offset).
+#[derive(Default)]
+struct Gaps {
+    by_offset: BTreeMap<u64, u64>,
+    by_size: BTreeSet<(u64, u64)>,
+    top: u64,
+}
+
+impl Gaps {
+    fn insert(&mut self, off: u64, size: u64) {
+        self.by_offset.insert(off, size);
+        self.by_size.insert((size, off));
+    }
+
+    fn remove(&mut self, off: u64, size: u64) {
+        self.by_offset.remove(&off);
+        self.by_size.remove(&(size, off));
+    }
+
+    /// The lowest offset of the smallest gap that holds `size`; else the
+    /// top gap grown, or the top.
+    fn take(&mut self, size: u64) -> u64 {
+        if let Some(&(g, off)) = self.by_size.range((size, 0)..).next() {
+            self.remove(off, g);
+            if g > size {
+                self.insert(off + size, g - size);
+            }
+            return off;
+        }
+        let off = match self.by_offset.iter().next_back().map(|(&o, &g)| (o, g)) {
+            Some((o, g)) if o.saturating_add(g) == self.top => {
+                self.remove(o, g);
+                o
+            }
+            _ => self.top,
+        };
+        self.top = off.saturating_add(size);
+        off
+    }
+
+    /// Gives `[off, off + size)` back, merged with free neighbours.
+    fn give(&mut self, mut off: u64, mut size: u64) {
+        if let Some((&o, &g)) = self.by_offset.range(..off).next_back() {
+            if o.saturating_add(g) == off {
+                self.remove(o, g);
+                off = o;
+                size = size.saturating_add(g);
+            }
+        }
+        if let Some(&g) = self.by_offset.get(&off.saturating_add(size)) {
+            self.remove(off.saturating_add(size), g);
+            size = size.saturating_add(g);
+        }
+        self.insert(off, size);
+    }
+}
+
+/// The step replayed in time order through a best-fit allocator that knows
+/// every lifetime (the first plan of [`plan`]; see the crate documentation).
+pub fn in_time_order(reqs: &[Request]) -> Plan {
+    if reqs.len() > MAX_REQUESTS {
+        return Plan { arena_bytes: 0, offsets: vec![None; reqs.len()] };
+    }
+    let n = reqs.len() as u32;
+    let mut ends: Vec<Vec<u32>> = vec![Vec::new(); n as usize + 1];
+    let mut gaps = Gaps::default();
+    let mut offsets: Vec<Option<u64>> = vec![None; reqs.len()];
+    for k in 0..n {
+        for i in core::mem::take(&mut ends[k as usize]) {
+            if let Some(off) = offsets[i as usize] {
+                gaps.give(off, reqs[i as usize].planned_bytes());
+            }
+        }
+        let r = &reqs[k as usize];
+        if !r.plannable(k) {
+            continue;
+        }
+        offsets[k as usize] = Some(gaps.take(r.planned_bytes()));
+        if let Some(f) = r.freed_at {
+            ends[f.max(k + 1).min(n) as usize].push(k);
+        }
+    }
+    // A wrapping request is also live in `[0, w)`: its block must not meet
+    // the blocks of requests that were live then.
+    let wraps: Vec<u32> =
+        (0..n).filter(|&k| offsets[k as usize].is_some() && reqs[k as usize].freed_at.is_none()).collect();
+    let horizon = wraps.iter().map(|&k| reqs[k as usize].wraps_to.unwrap_or(0)).max().unwrap_or(0);
+    let early: Vec<u32> = (0..horizon.min(n)).filter(|&k| offsets[k as usize].is_some()).collect();
+    let block = |k: u32, offsets: &[Option<u64>]| {
+        let o = offsets[k as usize].unwrap_or(0);
+        (o, o.saturating_add(reqs[k as usize].planned_bytes()))
+    };
+    if wraps.len() as u64 * early.len() as u64 > WRAP_CHECKS {
+        for &k in &wraps {
+            offsets[k as usize] = None;
+        }
+    } else {
+        for &k in &wraps {
+            let w = reqs[k as usize].wraps_to.unwrap_or(0);
+            let (o, e) = block(k, &offsets);
+            let clash = early.iter().take_while(|&&j| j < w).any(|&j| {
+                let (jo, je) = block(j, &offsets);
+                j != k && offsets[j as usize].is_some() && jo < e && o < je
+            });
+            if clash {
+                offsets[k as usize] = None;
+            }
+        }
+    }
+    let arena = (0..n).filter_map(|k| offsets[k as usize].map(|_| block(k, &offsets).1)).max().unwrap_or(0);
+    Plan { arena_bytes: arena, offsets }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(bytes: u64, freed_at: Option<u32>, wraps_to: Option<u32>) -> Request {
+        Request { bytes, freed_at, wraps_to }
+    }
+
+    #[test]
+    fn disjoint_lifetimes_share_bytes_and_overlapping_ones_do_not() {
+        // 0 and 1 overlap; 2 starts after 0 is freed and reuses its place.
+        let p = greedy_by_size(&[req(1000, Some(2), None), req(2048, Some(3), None), req(1024, Some(3), None)]);
+        assert_eq!(p.offsets, [Some(2048), Some(0), Some(2048)]);
+        assert_eq!(p.arena_bytes, 3072);
+    }
+
+    #[test]
+    fn unknown_lifetimes_are_left_unplanned() {
+        // Live at the end with no known wrap, and a wrap later than its own start.
+        let p = greedy_by_size(&[req(512, None, None), req(512, None, Some(5)), req(512, Some(3), None)]);
+        assert_eq!(p.offsets, [None, None, Some(0)]);
+        assert_eq!(p.arena_bytes, 512);
+    }
+
+    #[test]
+    fn a_wrapping_request_occupies_the_start_of_the_cycle() {
+        // Request 2 lives [2, 3) and wraps to [0, 1): request 0 ([0, 1)) cannot share with it.
+        let p = greedy_by_size(&[req(512, Some(1), None), req(512, Some(2), None), req(1024, None, Some(1))]);
+        assert_eq!(p.offsets, [Some(1024), Some(0), Some(0)]);
+        let (iv, m) = p_intervals(&req(1024, None, Some(1)), 2, 3);
+        assert_eq!(&iv[..m], &[(2, 3), (0, 1)]);
+    }
+
+    fn p_intervals(r: &Request, k: u32, n: u32) -> ([(u32, u32); 2], usize) {
+        r.intervals(k, n)
+    }
+
+    #[test]
+    fn absurd_inputs_do_not_panic() {
+        // A free past the step's end counts as the end; sizes saturate.
+        let absurd = [req(u64::MAX, Some(99), None), req(u64::MAX, Some(1), None), req(u64::MAX, None, Some(1))];
+        assert_eq!(greedy_by_size(&absurd).offsets.len(), 3);
+        assert_eq!(in_time_order(&absurd).offsets.len(), 3);
+        assert_eq!(plan(&absurd).offsets.len(), 3);
+        assert_eq!(req(1, Some(99), None).intervals(0, 2).0[0], (0, 2));
+        assert_eq!(req(u64::MAX, None, None).planned_bytes() % ALIGN, 0);
+        assert_eq!(greedy_by_size(&[]), Plan { arena_bytes: 0, offsets: Vec::new() });
+        assert_eq!(plan(&[]), Plan { arena_bytes: 0, offsets: Vec::new() });
+    }
+
+    #[test]
+    fn the_cheapest_plan_wins() {
+        // In time order, 2 cannot reuse 0's place (it is larger): greedy by size stacks tighter.
+        let reqs = [req(1024, Some(1), None), req(512, Some(3), None), req(2048, Some(3), None)];
+        let (t, g, p) = (in_time_order(&reqs), greedy_by_size(&reqs), plan(&reqs));
+        assert!(g.arena_bytes <= t.arena_bytes);
+        assert_eq!(p.arena_bytes, g.arena_bytes.min(t.arena_bytes));
+    }
+}
