@@ -1,24 +1,25 @@
 //! Replay speed of a synthesized workload, for profiling:
-//! `cargo run --release --example replay_speed -- pytorch 20`.
-use wasmem::builtin;
+//! `cargo run --release --example replay_speed -- POLICY ROUNDS STEPS`
+//! (default `pytorch 20 4`): the events are in memory, so this is the
+//! allocator's and the driver's speed, without reading a trace.
+use wasmem::alloc::Allocator;
+use wasmem::device::sim::SimDevice;
 use wasmem::model::ModelSpec;
-use wasmem::replay::{replay, ReplayConfig};
+use wasmem::replay::{replay_with, ReplayConfig};
 use wasmem::synth::synth;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let policy = args.get(1).map_or("pytorch", |s| s.as_str());
     let rounds: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(20);
-    let spec = ModelSpec { steps: 4, ..ModelSpec::preset("gpt2-124m").expect("preset") };
+    let steps: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(4);
+    let spec = ModelSpec { steps, ..ModelSpec::preset("gpt2-124m").expect("preset") };
     let ev = synth(&spec).expect("valid");
     let t = std::time::Instant::now();
     for _ in 0..rounds {
-        let r = replay(
-            ev.iter().cloned().map(Ok::<_, String>),
-            builtin::by_name(policy).expect("policy"),
-            &ReplayConfig::default(),
-        )
-        .expect("replay");
+        let cfg = ReplayConfig::default();
+        let alloc = Allocator::with_builtin(SimDevice::new(cfg.device), policy).expect("a built-in policy");
+        let r = replay_with(ev.iter().cloned().map(Ok::<_, String>), alloc, &cfg, |_| {}).expect("replay");
         std::hint::black_box(r.metrics.peak_reserved_bytes);
     }
     let n = (ev.len() * rounds) as f64;

@@ -607,7 +607,10 @@ impl<D: Device> Allocator<D> {
     /// neighbours, then indexes it, or releases its segment when the pool
     /// does not cache and the segment is entirely free.
     fn return_block(&mut self, mut blk: u32) -> Result<(), AllocError> {
-        let seg_idx = self.arena.blocks.get(blk).segment;
+        let (seg_idx, was) = {
+            let b = self.arena.blocks.get(blk);
+            (b.segment, b.offset)
+        };
         let seg = *self.arena.segments.get(seg_idx);
         let pool = seg.pool as usize;
         // Index keys of the free neighbours merged into the block: the merged
@@ -641,9 +644,8 @@ impl<D: Device> Allocator<D> {
         }
         let b = *self.arena.blocks.get(blk);
         if self.arena.pools[pool].planned {
-            // An arena block: its arena's free map, never a free index.
-            let stale = stale.map(|k| k.map(|k| k.2 - seg.base));
-            self.arena_block_freed(seg_idx, blk, stale);
+            // An arena block: never in a free index.
+            self.arena_block_freed(seg_idx, blk, was);
             return Ok(());
         }
         let release = self.arena.pools[pool].release_when_empty && b.size == seg.size;

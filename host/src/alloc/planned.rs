@@ -35,13 +35,13 @@
 //!
 //! Invariants (checked by [`Allocator::check_invariants`]):
 //! - every arena is a whole segment of the `planned` pool, never paged; its
-//!   free blocks are exactly the entries of the arena's free map (offset →
-//!   block) and are in no free index;
+//!   free blocks are in no free index (a planned range is found from a hint:
+//!   the block that served the plan entry last time, the arena's block hint
+//!   for that part of it, or the arena's finger — the block touched last,
+//!   always one of its blocks — and the block links, validated on use);
 //! - a tensor is served from the arena only into a range that was entirely
 //!   free: no tensor is ever placed over a live one, whatever the plan;
 //! - `plan_arena_bytes = Σ arena sizes`.
-
-use std::collections::BTreeMap;
 
 use super::policies::RoleHealth;
 use super::slab::{Block, Segment, NIL};
@@ -79,15 +79,42 @@ struct StoredPlan {
     /// The request before which the arena is installed (see [`install_point`]).
     install_at: usize,
     last_used: u64,
+    /// For each entry, the block that served it last (a hint, validated on
+    /// use: it may have been merged away or reused since).
+    hints: Vec<u32>,
 }
 
-/// One arena: a segment of the `planned` pool and its free blocks by offset.
+/// Bytes of an arena covered by one entry of its block hints.
+const HINT_SPAN_LOG2: u32 = 21;
+
+/// One arena: a segment of the `planned` pool, and where to start looking
+/// for the block at an offset (no index to maintain on the hot path).
 #[derive(Debug)]
 struct Arena {
     seg: u32,
     base: DevicePtr,
     size: u64,
-    free: BTreeMap<u64, u32>,
+    /// A block of the arena, always: the one touched last.
+    finger: u32,
+    /// Per 2 MiB of the arena, a block that was there when last touched
+    /// (validated on use).
+    near: Vec<u32>,
+}
+
+impl Arena {
+    fn new(seg: u32, base: DevicePtr, size: u64, block: u32) -> Self {
+        let spans = size.div_ceil(1 << HINT_SPAN_LOG2) as usize;
+        Arena { seg, base, size, finger: block, near: vec![block; spans] }
+    }
+
+    /// Notes that `blk` (of this arena) covers `offset`.
+    #[inline]
+    fn touch(&mut self, blk: u32, offset: u64) {
+        self.finger = blk;
+        if let Some(n) = self.near.get_mut((offset >> HINT_SPAN_LOG2) as usize) {
+            *n = blk;
+        }
+    }
 }
 
 /// A `carried_freed` entry not freed yet.
@@ -237,18 +264,23 @@ impl Planning {
     }
 
     /// The entry of the active plan `req` matches among the next
-    /// [`LOOKAHEAD`] (advancing the cursor past it), and its offset.
+    /// [`LOOKAHEAD`] (advancing the cursor past it), its offset and its
+    /// block hint.
     #[inline]
-    fn next_offset(&mut self, req: &AllocRequest) -> Option<(usize, Option<u64>)> {
+    fn next_offset(&mut self, req: &AllocRequest) -> Option<(usize, Option<u64>, u32)> {
         if self.current.is_empty() {
             self.choose(req);
         }
         let plan = &self.plans[self.active?];
         let k = (req.bytes, req.kind, req.stream);
         let end = (self.cursor + LOOKAHEAD).min(plan.keys.len());
-        let j = (self.cursor..end).find(|&j| plan.keys[j] == k)?;
+        let j = if plan.keys.get(self.cursor) == Some(&k) {
+            self.cursor
+        } else {
+            (self.cursor + 1..end).find(|&j| plan.keys[j] == k)?
+        };
         self.cursor = j + 1;
-        Some((j, plan.offsets[j]))
+        Some((j, plan.offsets[j], plan.hints[j]))
     }
 
     /// Chooses the plan for a step that starts with `first`: the most
@@ -392,12 +424,12 @@ impl<D: Device> Allocator<D> {
         let Some(i) = p.active else { return Ok(None) };
         if p.installing {
             match planned {
-                Some((j, _)) if j >= p.plans[i].install_at => {
+                Some((j, ..)) if j >= p.plans[i].install_at => {
                     if !self.install_arena()? {
                         return Ok(None);
                     }
                 }
-                Some((j, _)) => {
+                Some((j, ..)) => {
                     p.last_match = Some(j as u32);
                     return Ok(None);
                 }
@@ -413,11 +445,16 @@ impl<D: Device> Allocator<D> {
             }
         }
         let served = match planned {
-            Some((_, Some(off))) => self.take_arena_range(off, req.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN, req.stream),
+            Some((_, Some(off), hint)) => {
+                self.take_arena_range(off, req.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN, req.stream, hint)
+            }
             _ => None,
         };
         let p = self.planning.as_mut().expect("checked");
-        if served.is_some() {
+        if let Some((blk, _)) = served {
+            if let (Some(i), Some((j, ..))) = (p.active, planned) {
+                p.plans[i].hints[j] = blk;
+            }
             p.step_hits += 1;
             self.stats.plan_hits += 1;
         } else {
@@ -433,15 +470,15 @@ impl<D: Device> Allocator<D> {
     pub(super) fn arena_fallback(&mut self, req: &AllocRequest) -> Option<(u32, u32)> {
         let size = req.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
         let p = self.planning.as_ref()?;
-        let blocks = &self.arena.blocks;
         let (a, off, _) = p
             .arenas
             .iter()
             .enumerate()
-            .flat_map(|(a, arena)| arena.free.iter().map(move |(&off, &b)| (a, off, blocks.get(b).size)))
+            .flat_map(|(a, arena)| self.arena_blocks(arena.seg).filter(|b| b.1.is_free()).map(move |(_, b)| (a, b)))
+            .map(|(a, b)| (a, b.offset, b.size))
             .filter(|&(_, _, s)| s >= size)
             .min_by_key(|&(a, off, s)| (s, a, off))?;
-        let served = self.take_range(a, off, size, req.stream)?;
+        let served = self.take_range(a, off, size, req.stream, NIL)?;
         // The dynamic path counted an OOM when it gave up: this is none.
         self.stats.ooms = self.stats.ooms.saturating_sub(1);
         Some(served)
@@ -449,18 +486,71 @@ impl<D: Device> Allocator<D> {
 
     /// Carves `[off, off + size)` of the current arena into a block if that
     /// range is entirely free; returns (block, pool).
-    fn take_arena_range(&mut self, off: u64, size: u64, stream: StreamId) -> Option<(u32, u32)> {
+    /// `hint`: a block that may be near (or [`NIL`]).
+    #[inline]
+    fn take_arena_range(&mut self, off: u64, size: u64, stream: StreamId, hint: u32) -> Option<(u32, u32)> {
         let last = self.planning.as_ref()?.arenas.len().checked_sub(1)?;
-        self.take_range(last, off, size, stream)
+        self.take_range(last, off, size, stream, hint)
+    }
+
+    /// The blocks of segment `seg`, in address order.
+    fn arena_blocks(&self, seg: u32) -> impl Iterator<Item = (u32, &Block)> + '_ {
+        let blocks = &self.arena.blocks;
+        let mut b = self.arena.segments.get(seg).first;
+        std::iter::from_fn(move || {
+            if b == NIL {
+                return None;
+            }
+            let (i, blk) = (b, blocks.get(b));
+            b = blk.next;
+            Some((i, blk))
+        })
     }
 
     /// [`Allocator::take_arena_range`] in arena `a`.
-    fn take_range(&mut self, a: usize, off: u64, size: u64, stream: StreamId) -> Option<(u32, u32)> {
+    #[inline]
+    fn take_range(&mut self, a: usize, off: u64, size: u64, stream: StreamId, hint: u32) -> Option<(u32, u32)> {
         let p = self.planning.as_mut()?;
         let arena = p.arenas.get_mut(a)?;
-        let (&boff, &blk) = arena.free.range(..=off).next_back()?;
-        let b = *self.arena.blocks.get(blk);
-        if boff + b.size < off + size {
+        if off.checked_add(size)? > arena.size {
+            return None;
+        }
+        let blocks = &mut self.arena.blocks;
+        // The block holding `off`: the plan entry's block if it still holds
+        // it, else a walk along the links from a block of the same 2 MiB
+        // (the finger when that hint is stale).
+        let c = off >> HINT_SPAN_LOG2;
+        let within = |b: u32, lo: u64, hi: u64| {
+            b != NIL
+                && blocks.try_get(b).is_some_and(|x| x.segment == arena.seg && x.offset < hi && x.offset + x.size > lo)
+        };
+        let mut blk = if within(hint, off, off + 1) {
+            hint
+        } else {
+            // The nearest 2 MiB at or below whose hint is one of its blocks.
+            let mut d = c;
+            loop {
+                let near = arena.near[d as usize];
+                if within(near, d << HINT_SPAN_LOG2, (d + 1) << HINT_SPAN_LOG2) {
+                    break near;
+                }
+                if d == 0 {
+                    break self.arena.segments.get(arena.seg).first;
+                }
+                d -= 1;
+            }
+        };
+        let mut b = *blocks.get(blk);
+        while b.offset > off {
+            blk = b.prev;
+            b = *blocks.get(blk);
+        }
+        while b.offset + b.size <= off {
+            blk = b.next;
+            b = *blocks.get(blk);
+        }
+        arena.near[c as usize] = blk;
+        if !b.is_free() || b.offset + b.size < off + size {
             return None;
         }
         let seg = *self.arena.segments.get(b.segment);
@@ -468,19 +558,17 @@ impl<D: Device> Allocator<D> {
             // Blocks stay on the stream of their segment; the arena is on stream 0.
             return None;
         }
-        // Before the range: a free remainder (keeps `blk` and its entry).
+        // Before the range: a free remainder (keeps `blk`).
         let mut cur = blk;
-        if off > boff {
-            cur = split(&mut self.arena.blocks, blk, off - boff);
-        } else {
-            arena.free.remove(&boff);
+        if off > b.offset {
+            cur = split(blocks, blk, off - b.offset);
         }
-        // After the range.
-        let c = *self.arena.blocks.get(cur);
-        if c.size > size {
-            let tail = split(&mut self.arena.blocks, cur, size);
-            arena.free.insert(off + size, tail);
+        // After the range: a free remainder.
+        if blocks.get(cur).size > size {
+            let tail = split(blocks, cur, size);
+            arena.touch(tail, off + size);
         }
+        arena.touch(cur, off);
         Some((cur, seg.pool))
     }
 
@@ -500,19 +588,17 @@ impl<D: Device> Allocator<D> {
         }
     }
 
-    /// A freed arena block goes back to its arena's free map (merged with its
-    /// free neighbours by the caller); `stale` are the offsets of the blocks
-    /// merged into it.
-    pub(super) fn arena_block_freed(&mut self, seg: u32, blk: u32, stale: [Option<u64>; 2]) {
+    /// A freed arena block (merged with its free neighbours by the caller,
+    /// which may have removed the finger and hints) becomes the arena's
+    /// finger and the hint of its 2 MiB and of `was` (the freed tensor's
+    /// offset).
+    #[inline]
+    pub(super) fn arena_block_freed(&mut self, seg: u32, blk: u32, was: u64) {
         let offset = self.arena.blocks.get(blk).offset;
-        let Some(arena) = self.planning.as_mut().and_then(|p| p.arena_mut(seg)) else { return };
-        for o in stale.iter().flatten().filter(|&&o| o != offset) {
-            arena.free.remove(o);
-        }
-        match arena.free.get_mut(&offset) {
-            Some(b) => *b = blk,
-            None => {
-                arena.free.insert(offset, blk);
+        if let Some(arena) = self.planning.as_mut().and_then(|p| p.arena_mut(seg)) {
+            arena.touch(blk, offset);
+            if let Some(n) = arena.near.get_mut((was >> HINT_SPAN_LOG2) as usize) {
+                *n = blk;
             }
         }
     }
@@ -605,6 +691,7 @@ impl<D: Device> Allocator<D> {
             known,
             install_at,
             last_used: p.steps,
+            hints: vec![NIL; profile.requests.len()],
         };
         // One plan per first request; the least recently used goes first.
         if let Some(i) = p.plans.iter().position(|q| q.keys.first() == stored.keys.first()) {
@@ -666,9 +753,7 @@ impl<D: Device> Allocator<D> {
         self.stats.plan_arena_bytes += want;
         self.record(ActionKind::SegmentAlloc, base, want, StreamId(0), None);
         let p = self.planning.as_mut().expect("planning is on");
-        let mut free = BTreeMap::new();
-        free.insert(0, block);
-        p.arenas.push(Arena { seg, base, size: want, free });
+        p.arenas.push(Arena::new(seg, base, want, block));
         p.trim_pending = true;
         let moving = if self.stable_addresses { Vec::new() } else { p.plan_live() };
         p.matched.clear();
@@ -692,7 +777,8 @@ impl<D: Device> Allocator<D> {
         if t.tier != Tier::Device || t.cross_stream || self.tensors.pins.contains_key(&id.slot) {
             return Ok(0);
         }
-        let Some((dst, dpool)) = self.take_arena_range(off, t.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN, t.stream) else {
+        let Some((dst, dpool)) = self.take_arena_range(off, t.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN, t.stream, NIL)
+        else {
             return Ok(0);
         };
         let src = t.block;
@@ -801,20 +887,8 @@ impl<D: Device> Allocator<D> {
                 return bad(format!("arena segment {} is paged", a.seg));
             }
             total += a.size;
-            let mut free = 0;
-            let mut b = s.first;
-            while b != NIL {
-                let blk = self.arena.blocks.get(b);
-                if blk.is_free() {
-                    free += 1;
-                    if a.free.get(&blk.offset) != Some(&b) {
-                        return bad(format!("free arena block {b} at {} is not in the arena's free map", blk.offset));
-                    }
-                }
-                b = blk.next;
-            }
-            if free != a.free.len() {
-                return bad(format!("the arena's free map has {} entries for {free} free blocks", a.free.len()));
+            if self.arena.blocks.try_get(a.finger).is_none_or(|b| b.segment != a.seg) {
+                return bad(format!("arena segment {}: its finger {} is not one of its blocks", a.seg, a.finger));
             }
         }
         if self.arena.pools.iter().filter(|q| q.planned).any(|q| q.gauges.segments != p.arenas.len() as u64) {

@@ -31,7 +31,8 @@
 //!    the others are left unplanned;
 //! 2. greedy by size, while its work — the sum of the planned lifetimes,
 //!    in requests — stays within [`GREEDY_WORK`] (its cost grows with the
-//!    number of tensors live at once);
+//!    number of tensors live at once), and unless the first plan already
+//!    costs [`live_bound`], which no plan can beat;
 //! 3. when some requests stay to the end of the profile (parameters in a
 //!    whole-trace offline plan): those first, stacked in allocation order
 //!    as a floor, then the rest by size (greedy by size alone can leave
@@ -42,7 +43,9 @@
 //! that cover their whole range: the nodes on the root-to-leaf path of `a`)
 //! and those that start in `(a, e)` (a list of placed pieces by start
 //! time). The cost is O(log n) per placement plus the overlapping blocks it
-//! looks at.
+//! looks at. Steps of at most 2,048 requests scan every placed block
+//! instead (kept in offset order): quadratic, but faster at that size, and
+//! the same blocks are found.
 
 #![no_std]
 #![warn(missing_docs)]
@@ -186,7 +189,7 @@ impl Placed {
 
     /// Adds to `out` the block of every placed item with a piece
     /// overlapping `[a, e)` (each item once per `begin_query`).
-    fn overlapping(&mut self, a: u32, e: u32, out: &mut Vec<(u64, u64)>) {
+    fn overlapping_piece(&mut self, a: u32, e: u32, out: &mut Vec<(u64, u64)>) {
         let mut visit = |placed: &mut Placed, id: u32| {
             let p = placed.pieces[id as usize];
             if p.t0 < e && a < p.t1 && placed.seen[p.item as usize] != placed.stamp {
@@ -267,6 +270,12 @@ pub fn plan(requests: &[Request]) -> Plan {
         let left = (0..n).filter(|&k| reqs[k as usize].plannable(k) && p.offsets[k as usize].is_none());
         left.map(|k| reqs[k as usize].planned_bytes()).fold(p.arena_bytes, u64::saturating_add)
     };
+    // No plan costs less than the most planned bytes live at once: once a
+    // plan costs that, the later ones cannot win (the first wins a tie).
+    if cost(&sim) <= live_bound(reqs) {
+        return sim;
+    }
+    let bound = live_bound(reqs);
     let mut best = sim;
     let keep = |plan: Plan, best: &mut Plan| {
         if cost(&plan) < cost(best) {
@@ -276,6 +285,9 @@ pub fn plan(requests: &[Request]) -> Plan {
     let mut order: Vec<u32> = plannable.clone().collect();
     by_size(&mut order);
     keep(place(reqs, &order), &mut best);
+    if cost(&best) <= bound {
+        return best;
+    }
     // The floor: requests that stay to the end of the profile, stacked in
     // allocation order below the rest (they never leave, so every gap
     // between them is lost for good).
@@ -287,6 +299,33 @@ pub fn plan(requests: &[Request]) -> Plan {
         keep(place(reqs, &floored), &mut best);
     }
     best
+}
+
+/// The most planned bytes of the plannable requests live at one time of
+/// the cycle: a lower bound of every plan's cost. O(n).
+pub fn live_bound(requests: &[Request]) -> u64 {
+    let n = requests.len() as u32;
+    // Signed changes of the live bytes at each time (wrapping adds).
+    let mut delta = vec![0i128; requests.len() + 1];
+    for (k, r) in requests.iter().enumerate() {
+        let k = k as u32;
+        if !r.plannable(k) {
+            continue;
+        }
+        let (iv, m) = r.intervals(k, n);
+        for &(a, e) in &iv[..m] {
+            if a < e {
+                delta[a as usize] += i128::from(r.planned_bytes());
+                delta[e as usize] -= i128::from(r.planned_bytes());
+            }
+        }
+    }
+    let (mut live, mut most) = (0i128, 0i128);
+    for d in delta {
+        live += d;
+        most = most.max(live);
+    }
+    u64::try_from(most).unwrap_or(u64::MAX)
 }
 
 /// Greedy by size alone (the second plan of [`plan`], whatever its work):
@@ -309,7 +348,68 @@ pub fn greedy_by_size(requests: &[Request]) -> Plan {
 /// among the placed blocks whose lifetimes overlap its own.
 fn place(reqs: &[Request], order: &[u32]) -> Plan {
     let n = reqs.len() as u32;
-    let mut placed = Placed::new(n, reqs.len());
+    if reqs.len() <= SCAN_REQUESTS {
+        place_with(reqs, order, Scan(Vec::with_capacity(order.len())))
+    } else {
+        place_with(reqs, order, Placed::new(n, reqs.len()))
+    }
+}
+
+/// Most requests [`place`] handles by scanning every placed block (kept in
+/// offset order, [`Scan`]) instead of querying the segment tree
+/// ([`Placed`]): faster for short steps, quadratic in the requests. Both
+/// find the same blocks.
+const SCAN_REQUESTS: usize = 2048;
+
+/// Where the placed blocks are kept, to find those whose lifetimes overlap.
+trait Blocks {
+    /// Adds to `out` every placed block overlapping the intervals `iv`, each once.
+    fn overlapping(&mut self, iv: &[(u32, u32)], out: &mut Vec<(u64, u64)>);
+    /// Keeps request `k`'s block `[off, end)` over its intervals `iv`.
+    fn keep(&mut self, k: u32, iv: &[(u32, u32)], off: u64, end: u64);
+}
+
+impl Blocks for Placed {
+    fn overlapping(&mut self, iv: &[(u32, u32)], out: &mut Vec<(u64, u64)>) {
+        self.begin_query();
+        for &(a, e) in iv.iter().filter(|(a, e)| a < e) {
+            self.overlapping_piece(a, e, out);
+        }
+    }
+
+    fn keep(&mut self, k: u32, iv: &[(u32, u32)], off: u64, end: u64) {
+        self.blocks[k as usize] = (off, end);
+        for &(a, e) in iv.iter().filter(|(a, e)| a < e) {
+            self.insert(k, a, e);
+        }
+    }
+}
+
+/// The placed blocks in (offset, end) order, each with its intervals (and
+/// how many of them are used): what they overlap is found by a scan, in
+/// the order [`best_fit`] sorts them in.
+struct Scan(Vec<ScanBlock>);
+
+/// A block of [`Scan`]: offset, end, intervals, how many of them are used.
+type ScanBlock = (u64, u64, [(u32, u32); 2], usize);
+
+impl Blocks for Scan {
+    fn overlapping(&mut self, iv: &[(u32, u32)], out: &mut Vec<(u64, u64)>) {
+        let meets = |&(a, e): &(u32, u32)| iv.iter().any(|&(b, f)| b < f && a < e && a < f && b < e);
+        out.extend(self.0.iter().filter(|p| p.2[..p.3].iter().any(meets)).map(|p| (p.0, p.1)));
+    }
+
+    fn keep(&mut self, _k: u32, iv: &[(u32, u32)], off: u64, end: u64) {
+        let mut ivs = [(0, 0); 2];
+        ivs[..iv.len()].copy_from_slice(iv);
+        let at = self.0.partition_point(|p| (p.0, p.1) <= (off, end));
+        self.0.insert(at, (off, end, ivs, iv.len()));
+    }
+}
+
+/// [`place`] with the placed blocks kept in `blocks`.
+fn place_with(reqs: &[Request], order: &[u32], mut blocks: impl Blocks) -> Plan {
+    let n = reqs.len() as u32;
     let mut offsets = vec![None; reqs.len()];
     let mut arena = 0u64;
     let mut occupied = Vec::new();
@@ -317,21 +417,11 @@ fn place(reqs: &[Request], order: &[u32]) -> Plan {
         let r = &reqs[k as usize];
         let size = r.planned_bytes();
         let (iv, m) = r.intervals(k, n);
-        placed.begin_query();
         occupied.clear();
-        for &(a, e) in &iv[..m] {
-            if a < e {
-                placed.overlapping(a, e, &mut occupied);
-            }
-        }
+        blocks.overlapping(&iv[..m], &mut occupied);
         let off = best_fit(&mut occupied, size);
         let end = off.saturating_add(size);
-        placed.blocks[k as usize] = (off, end);
-        for &(a, e) in &iv[..m] {
-            if a < e {
-                placed.insert(k, a, e);
-            }
-        }
+        blocks.keep(k, &iv[..m], off, end);
         offsets[k as usize] = Some(off);
         arena = arena.max(end);
     }
@@ -508,5 +598,47 @@ mod tests {
         let (t, g, p) = (in_time_order(&reqs), greedy_by_size(&reqs), plan(&reqs));
         assert!(g.arena_bytes <= t.arena_bytes);
         assert_eq!(p.arena_bytes, g.arena_bytes.min(t.arena_bytes));
+    }
+
+    #[test]
+    fn the_live_bound_holds_and_stops_the_search_only_when_met() {
+        // Nested lifetimes the time order stacks perfectly: the bound is met.
+        let nested = [req(4096, Some(3), None), req(2048, Some(2), None), req(1024, Some(3), None)];
+        assert_eq!(live_bound(&nested), 4096 + 2048);
+        assert_eq!(plan(&nested), in_time_order(&nested));
+        // A wrap: live [2, 3) and [0, 1) alongside request 0.
+        let wrap = [req(512, Some(1), None), req(512, Some(2), None), req(1024, None, Some(1))];
+        assert_eq!(live_bound(&wrap), 1536);
+        // Pseudo-random profiles: no plan costs less than the bound, and
+        // `plan` is the cheapest of the three plans (the first on a tie).
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        for _ in 0..200 {
+            let n = 1 + next(40) as u32;
+            let reqs: Vec<Request> = (0..n)
+                .map(|k| match next(5) {
+                    0 => req(1 + next(1 << 20), None, Some(next(u64::from(k) + 1) as u32)),
+                    1 => req(1 + next(1 << 20), None, None),
+                    _ => req(1 + next(1 << 20), Some(k + 1 + next(8) as u32), None),
+                })
+                .collect();
+            let cost = |p: &Plan| -> u64 {
+                let left = (0..n).filter(|&k| reqs[k as usize].plannable(k) && p.offsets[k as usize].is_none());
+                p.arena_bytes + left.map(|k| reqs[k as usize].planned_bytes()).sum::<u64>()
+            };
+            let bound = live_bound(&reqs);
+            let (t, g, p) = (in_time_order(&reqs), greedy_by_size(&reqs), plan(&reqs));
+            assert!(bound <= cost(&t) && bound <= cost(&g) && bound <= cost(&p));
+            assert!(cost(&p) <= cost(&t).min(cost(&g)), "{reqs:?}");
+            // Both ways of finding the overlapping blocks place alike.
+            let order: Vec<u32> = (0..n).filter(|&k| reqs[k as usize].plannable(k)).rev().collect();
+            let tree = place_with(&reqs, &order, Placed::new(n, reqs.len()));
+            assert_eq!(place_with(&reqs, &order, Scan(Vec::new())), tree);
+        }
     }
 }
