@@ -35,10 +35,12 @@
 //!
 //! Invariants (checked by [`Allocator::check_invariants`]):
 //! - every arena is a whole segment of the `planned` pool, never paged; its
-//!   free blocks are in no free index (a planned range is found from a hint:
-//!   the block that served the plan entry last time, the arena's block hint
-//!   for that part of it, or the arena's finger — the block touched last,
-//!   always one of its blocks — and the block links, validated on use);
+//!   free blocks are in no free index; its finger (the block touched last)
+//!   is one of its blocks. A planned range is found without an index to
+//!   maintain: it almost always starts a free block, which a direct-mapped
+//!   cache of free block starts (overwritten, never cleaned, validated on
+//!   use) gives in O(1); else the finger or a block hint of the same 2 MiB
+//!   and the block links lead to it;
 //! - a tensor is served from the arena only into a range that was entirely
 //!   free: no tensor is ever placed over a live one, whatever the plan;
 //! - `plan_arena_bytes = Σ arena sizes`.
@@ -79,21 +81,31 @@ struct StoredPlan {
     /// The request before which the arena is installed (see [`install_point`]).
     install_at: usize,
     last_used: u64,
-    /// For each entry, the block that served it last (a hint, validated on
-    /// use: it may have been merged away or reused since).
-    hints: Vec<u32>,
+}
+
+/// Entries of an arena's cache of free block starts.
+const START_SLOTS: usize = 4096;
+
+/// The entry of offset `off` in an arena's cache of free block starts.
+#[inline]
+fn start_slot(off: u64) -> usize {
+    ((off / PLAN_ALIGN).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52) as usize & (START_SLOTS - 1)
 }
 
 /// Bytes of an arena covered by one entry of its block hints.
 const HINT_SPAN_LOG2: u32 = 21;
 
-/// One arena: a segment of the `planned` pool, and where to start looking
-/// for the block at an offset (no index to maintain on the hot path).
+/// One arena: a segment of the `planned` pool, its free blocks by start
+/// offset, and where to start looking for the block holding an offset that
+/// starts none.
 #[derive(Debug)]
 struct Arena {
     seg: u32,
     base: DevicePtr,
     size: u64,
+    /// Free blocks by start offset, direct-mapped ([`start_slot`]): a hint,
+    /// validated on use.
+    starts: Vec<u32>,
     /// A block of the arena, always: the one touched last.
     finger: u32,
     /// Per 2 MiB of the arena, a block that was there when last touched
@@ -104,7 +116,15 @@ struct Arena {
 impl Arena {
     fn new(seg: u32, base: DevicePtr, size: u64, block: u32) -> Self {
         let spans = size.div_ceil(1 << HINT_SPAN_LOG2) as usize;
-        Arena { seg, base, size, finger: block, near: vec![block; spans] }
+        let mut a = Arena { seg, base, size, starts: vec![NIL; START_SLOTS], finger: block, near: vec![block; spans] };
+        a.started(0, block);
+        a
+    }
+
+    /// Notes that free block `blk` starts at `offset`.
+    #[inline]
+    fn started(&mut self, offset: u64, blk: u32) {
+        self.starts[start_slot(offset)] = blk;
     }
 
     /// Notes that `blk` (of this arena) covers `offset`.
@@ -264,10 +284,9 @@ impl Planning {
     }
 
     /// The entry of the active plan `req` matches among the next
-    /// [`LOOKAHEAD`] (advancing the cursor past it), its offset and its
-    /// block hint.
+    /// [`LOOKAHEAD`] (advancing the cursor past it), and its offset.
     #[inline]
-    fn next_offset(&mut self, req: &AllocRequest) -> Option<(usize, Option<u64>, u32)> {
+    fn next_offset(&mut self, req: &AllocRequest) -> Option<(usize, Option<u64>)> {
         if self.current.is_empty() {
             self.choose(req);
         }
@@ -280,7 +299,7 @@ impl Planning {
             (self.cursor + 1..end).find(|&j| plan.keys[j] == k)?
         };
         self.cursor = j + 1;
-        Some((j, plan.offsets[j], plan.hints[j]))
+        Some((j, plan.offsets[j]))
     }
 
     /// Chooses the plan for a step that starts with `first`: the most
@@ -445,16 +464,11 @@ impl<D: Device> Allocator<D> {
             }
         }
         let served = match planned {
-            Some((_, Some(off), hint)) => {
-                self.take_arena_range(off, req.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN, req.stream, hint)
-            }
+            Some((_, Some(off))) => self.take_arena_range(off, req.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN, req.stream),
             _ => None,
         };
         let p = self.planning.as_mut().expect("checked");
-        if let Some((blk, _)) = served {
-            if let (Some(i), Some((j, ..))) = (p.active, planned) {
-                p.plans[i].hints[j] = blk;
-            }
+        if served.is_some() {
             p.step_hits += 1;
             self.stats.plan_hits += 1;
         } else {
@@ -470,15 +484,24 @@ impl<D: Device> Allocator<D> {
     pub(super) fn arena_fallback(&mut self, req: &AllocRequest) -> Option<(u32, u32)> {
         let size = req.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
         let p = self.planning.as_ref()?;
+        let blocks = &self.arena.blocks;
         let (a, off, _) = p
             .arenas
             .iter()
             .enumerate()
-            .flat_map(|(a, arena)| self.arena_blocks(arena.seg).filter(|b| b.1.is_free()).map(move |(_, b)| (a, b)))
+            .flat_map(|(a, arena)| {
+                let mut b = self.arena.segments.get(arena.seg).first;
+                std::iter::from_fn(move || {
+                    let blk = blocks.try_get(b)?;
+                    b = blk.next;
+                    Some((a, blk))
+                })
+            })
+            .filter(|(_, b)| b.is_free())
             .map(|(a, b)| (a, b.offset, b.size))
             .filter(|&(_, _, s)| s >= size)
             .min_by_key(|&(a, off, s)| (s, a, off))?;
-        let served = self.take_range(a, off, size, req.stream, NIL)?;
+        let served = self.take_range(a, off, size, req.stream)?;
         // The dynamic path counted an OOM when it gave up: this is none.
         self.stats.ooms = self.stats.ooms.saturating_sub(1);
         Some(served)
@@ -486,46 +509,36 @@ impl<D: Device> Allocator<D> {
 
     /// Carves `[off, off + size)` of the current arena into a block if that
     /// range is entirely free; returns (block, pool).
-    /// `hint`: a block that may be near (or [`NIL`]).
     #[inline]
-    fn take_arena_range(&mut self, off: u64, size: u64, stream: StreamId, hint: u32) -> Option<(u32, u32)> {
+    fn take_arena_range(&mut self, off: u64, size: u64, stream: StreamId) -> Option<(u32, u32)> {
         let last = self.planning.as_ref()?.arenas.len().checked_sub(1)?;
-        self.take_range(last, off, size, stream, hint)
-    }
-
-    /// The blocks of segment `seg`, in address order.
-    fn arena_blocks(&self, seg: u32) -> impl Iterator<Item = (u32, &Block)> + '_ {
-        let blocks = &self.arena.blocks;
-        let mut b = self.arena.segments.get(seg).first;
-        std::iter::from_fn(move || {
-            if b == NIL {
-                return None;
-            }
-            let (i, blk) = (b, blocks.get(b));
-            b = blk.next;
-            Some((i, blk))
-        })
+        self.take_range(last, off, size, stream)
     }
 
     /// [`Allocator::take_arena_range`] in arena `a`.
     #[inline]
-    fn take_range(&mut self, a: usize, off: u64, size: u64, stream: StreamId, hint: u32) -> Option<(u32, u32)> {
+    fn take_range(&mut self, a: usize, off: u64, size: u64, stream: StreamId) -> Option<(u32, u32)> {
         let p = self.planning.as_mut()?;
         let arena = p.arenas.get_mut(a)?;
         if off.checked_add(size)? > arena.size {
             return None;
         }
         let blocks = &mut self.arena.blocks;
-        // The block holding `off`: the plan entry's block if it still holds
-        // it, else a walk along the links from a block of the same 2 MiB
-        // (the finger when that hint is stale).
+        // The block holding `off`: the free block starting there (the common
+        // case), else a walk along the links from the finger or a block of
+        // the same 2 MiB.
         let c = off >> HINT_SPAN_LOG2;
         let within = |b: u32, lo: u64, hi: u64| {
             b != NIL
                 && blocks.try_get(b).is_some_and(|x| x.segment == arena.seg && x.offset < hi && x.offset + x.size > lo)
         };
-        let mut blk = if within(hint, off, off + 1) {
-            hint
+        let start = arena.starts[start_slot(off)];
+        let mut blk = if start != NIL
+            && blocks.try_get(start).is_some_and(|x| x.segment == arena.seg && x.offset == off && x.is_free())
+        {
+            start
+        } else if within(arena.finger, off, off + 1) {
+            arena.finger
         } else {
             // The nearest 2 MiB at or below whose hint is one of its blocks.
             let mut d = c;
@@ -563,12 +576,14 @@ impl<D: Device> Allocator<D> {
         if off > b.offset {
             cur = split(blocks, blk, off - b.offset);
         }
-        // After the range: a free remainder.
+        // After the range: a free remainder (the finger: the next request is
+        // often placed right after this one).
+        arena.touch(cur, off);
         if blocks.get(cur).size > size {
             let tail = split(blocks, cur, size);
+            arena.started(off + size, tail);
             arena.touch(tail, off + size);
         }
-        arena.touch(cur, off);
         Some((cur, seg.pool))
     }
 
@@ -590,16 +605,16 @@ impl<D: Device> Allocator<D> {
 
     /// A freed arena block (merged with its free neighbours by the caller,
     /// which may have removed the finger and hints) becomes the arena's
-    /// finger and the hint of its 2 MiB and of `was` (the freed tensor's
-    /// offset).
+    /// finger, the cached free block at its start, and the hint of its
+    /// 2 MiB and of `was` (the freed tensor's offset).
     #[inline]
     pub(super) fn arena_block_freed(&mut self, seg: u32, blk: u32, was: u64) {
         let offset = self.arena.blocks.get(blk).offset;
-        if let Some(arena) = self.planning.as_mut().and_then(|p| p.arena_mut(seg)) {
-            arena.touch(blk, offset);
-            if let Some(n) = arena.near.get_mut((was >> HINT_SPAN_LOG2) as usize) {
-                *n = blk;
-            }
+        let Some(arena) = self.planning.as_mut().and_then(|p| p.arena_mut(seg)) else { return };
+        arena.started(offset, blk);
+        arena.touch(blk, offset);
+        if let Some(n) = arena.near.get_mut((was >> HINT_SPAN_LOG2) as usize) {
+            *n = blk;
         }
     }
 
@@ -691,7 +706,6 @@ impl<D: Device> Allocator<D> {
             known,
             install_at,
             last_used: p.steps,
-            hints: vec![NIL; profile.requests.len()],
         };
         // One plan per first request; the least recently used goes first.
         if let Some(i) = p.plans.iter().position(|q| q.keys.first() == stored.keys.first()) {
@@ -777,8 +791,7 @@ impl<D: Device> Allocator<D> {
         if t.tier != Tier::Device || t.cross_stream || self.tensors.pins.contains_key(&id.slot) {
             return Ok(0);
         }
-        let Some((dst, dpool)) = self.take_arena_range(off, t.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN, t.stream, NIL)
-        else {
+        let Some((dst, dpool)) = self.take_arena_range(off, t.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN, t.stream) else {
             return Ok(0);
         };
         let src = t.block;
