@@ -443,9 +443,15 @@ impl<D: Device> Allocator<D> {
     pub(super) fn trim_pages(&mut self, target: u64, names: Option<&[String]>) -> Result<u64, AllocError> {
         let page = self.device.granularity();
         let mut released = 0u64;
-        while released < target {
-            // Carving changes block indices and segments: recompute the runs.
-            let Some(mut run) = self.free_page_runs(names).into_iter().max_by_key(PageRun::rank) else { break };
+        // Greatest first. Carving a run leaves no whole page in its block and
+        // changes no other run's block (one run per free block, addresses
+        // absolute): the runs are found once.
+        let mut runs = self.free_page_runs(names);
+        runs.sort_unstable_by_key(|r| std::cmp::Reverse(r.rank()));
+        for mut run in runs {
+            if released >= target {
+                break;
+            }
             run.count = run.count.min((target - released).div_ceil(page));
             let stream = self.arena.segments.get(self.arena.blocks.get(run.block).segment).stream;
             self.quiesce(&[stream])?;

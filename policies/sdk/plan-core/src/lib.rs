@@ -395,8 +395,19 @@ type ScanBlock = (u64, u64, [(u32, u32); 2], usize);
 
 impl Blocks for Scan {
     fn overlapping(&mut self, iv: &[(u32, u32)], out: &mut Vec<(u64, u64)>) {
-        let meets = |&(a, e): &(u32, u32)| iv.iter().any(|&(b, f)| b < f && a < e && a < f && b < e);
-        out.extend(self.0.iter().filter(|p| p.2[..p.3].iter().any(meets)).map(|p| (p.0, p.1)));
+        // Intervals are never empty (`Request::intervals`).
+        let meets = |&(a, e): &(u32, u32)| iv.iter().any(|&(b, f)| a < f && b < e);
+        if let [(b, f)] = *iv {
+            // One interval (most requests): a tight loop.
+            for p in &self.0 {
+                let (a, e) = p.2[0];
+                if (a < f && b < e) || (p.3 == 2 && meets(&p.2[1])) {
+                    out.push((p.0, p.1));
+                }
+            }
+        } else {
+            out.extend(self.0.iter().filter(|p| p.2[..p.3].iter().any(meets)).map(|p| (p.0, p.1)));
+        }
     }
 
     fn keep(&mut self, _k: u32, iv: &[(u32, u32)], off: u64, end: u64) {
