@@ -422,6 +422,13 @@ impl Device for SimDevice {
             )));
         }
         self.reserve_bytes(bytes)?;
+        if self.physical.capacity() == 0 {
+            // Paging in use: room for a device's worth of pages at once
+            // (growing the tables page by page dominated paged replays).
+            let pages = (self.cfg.capacity / self.cfg.granularity).clamp(64, 1 << 16) as usize;
+            self.physical.reserve(pages);
+            self.mappings.granules.reserve(pages);
+        }
         let backing = match self.backing(bytes) {
             Ok(b) => b,
             Err(e) => {
