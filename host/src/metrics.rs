@@ -124,7 +124,8 @@ pub struct Metrics {
     pub plan_hits: u64,
     /// Requests of planned steps served by the dynamic path instead.
     pub plan_misses: u64,
-    /// Plans refused (invalid, the planner failed, or no arena).
+    /// Plans refused (invalid, the planner failed, or no arena: the device
+    /// refused it, or it would have raised the peak reserved memory).
     pub plan_refused: u64,
     /// Bytes of the planned arena at the end (the peak is in `peak_reserved_bytes`).
     pub plan_arena_bytes: u64,

@@ -372,6 +372,23 @@ impl PlannerPolicy for Hostile {
             "wrong-length" => Ok(Plan { arena_bytes: big, offsets: vec![Some(0)] }),
             "trap" => Err(PolicyError::Trap("unreachable".into())),
             "deadline" => Err(PolicyError::Deadline),
+            // Valid but wasteful: every request a byte range of its own.
+            "wasteful" => {
+                let mut top = 0;
+                let offsets = profile
+                    .requests
+                    .iter()
+                    .enumerate()
+                    .map(|(k, r)| {
+                        r.plannable(k as u32).then(|| {
+                            let o = top;
+                            top += r.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
+                            o
+                        })
+                    })
+                    .collect();
+                Ok(Plan { arena_bytes: top, offsets })
+            }
             _ => unreachable!(),
         }
     }
@@ -399,6 +416,27 @@ fn hostile_planners_are_refused_and_counted() {
         assert_eq!(r.ooms, 0);
         r.finish();
     }
+}
+
+#[test]
+fn a_plan_that_would_raise_the_peak_is_not_installed() {
+    // Valid, but its arena needs more than the dynamic path ever reserved:
+    // refused (counted once, not planned again), the run stays exactly dynamic.
+    // 40 temporaries one after the other: 16 MiB live at most, 320 MiB in all.
+    let template: Vec<Req> = (0..40).map(|k| Req { bytes: 8 * MIB, kind: TensorKind::Temp, free_at: k + 2 }).collect();
+    let mut r = Run::with_planner(4 * GIB, Box::new(Hostile("wasteful")));
+    let mut reference = Run::new("defrag", 4 * GIB);
+    for _ in 0..8 {
+        r.step(&template);
+        reference.step(&template);
+    }
+    let (s, d) = (r.a.stats(), reference.a.stats());
+    assert_eq!(s.plans, 1, "{s:?}");
+    assert_eq!(s.plan_refused, 1, "{s:?}");
+    assert_eq!((s.plan_hits, s.plan_arena_bytes), (0, 0), "{s:?}");
+    assert_eq!(s.bytes.peak_reserved_bytes, d.bytes.peak_reserved_bytes);
+    assert_eq!(s.device_alloc_calls, d.device_alloc_calls, "the refusal gave memory back: {s:?}");
+    r.finish();
 }
 
 #[test]

@@ -16,7 +16,9 @@
 //! The arena is not allocated when the plan is made but when a step that
 //! matches it reaches its *install point* ([`install_point`]: the time with
 //! the fewest planned bytes live): the old arena is freed if empty, the
-//! dynamic cache released, the arena allocated, and the plan's tensors live
+//! arena refused if it and what stays dynamic would reserve more than the
+//! run's high-water mark (a plan never raises the peak), the dynamic cache
+//! released, the arena allocated, and the plan's tensors live
 //! then moved to their planned offsets (a device copy each) — unless the
 //! allocator must keep addresses stable (the C ABI: PyTorch holds the
 //! pointers), where they stay and their ranges are misses this step. When
@@ -232,6 +234,9 @@ pub(crate) struct Planning {
     arenas: Vec<Arena>,
     /// Step ends seen (a clock for choosing plans).
     steps: u64,
+    /// The most bytes reserved at once so far, over peak resets (taken at
+    /// step ends): an arena that would reserve more is not installed.
+    high_water: u64,
 }
 
 impl std::fmt::Debug for Planning {
@@ -266,6 +271,7 @@ impl Planning {
             step_misses: 0,
             arenas: Vec::new(),
             steps: 0,
+            high_water: 0,
         }
     }
 
@@ -626,6 +632,7 @@ impl<D: Device> Allocator<D> {
     /// first step a new arena served, gives the dynamic cache back once.
     pub(super) fn plan_step_end(&mut self, step: u64) -> Result<(), AllocError> {
         let Some(p) = self.planning.as_mut() else { return Ok(()) };
+        p.high_water = p.high_water.max(self.stats.bytes.peak_reserved_bytes);
         let (hits, misses) = (std::mem::take(&mut p.step_hits), std::mem::take(&mut p.step_misses));
         let served_plan = p.active.filter(|_| !p.installing);
         let (profile, repeated) = p.close_step(step);
@@ -648,7 +655,13 @@ impl<D: Device> Allocator<D> {
             reserved = self.stats.bytes.reserved_bytes,
             "planned step end"
         );
-        if worth && !good {
+        // A plan like one whose arena was refused would be refused too.
+        let first = profile.requests.first().map(key);
+        let futile = p
+            .plans
+            .iter()
+            .any(|q| q.keys.first() == first.as_ref() && q.known >= known && q.arena_bytes >= p.refused_arena);
+        if worth && !good && !futile {
             self.make_plan(&profile)?;
         }
         // The profile's buffer serves the next step.
@@ -740,7 +753,27 @@ impl<D: Device> Allocator<D> {
                 self.release_arena(a)?;
             }
         }
+        // Never above the dynamic path's own peak: the arena and what stays
+        // dynamic must fit in the most reserved so far — estimated before
+        // the cache is given back (whole free segments and free pages), then
+        // checked after.
+        let high_water = self.planning.as_ref().map_or(0, |p| p.high_water).max(self.stats.bytes.peak_reserved_bytes);
+        let unpaged_free: u64 = self
+            .free_segments(None)
+            .into_iter()
+            .filter(|s| !self.paging.segs.contains_key(s))
+            .map(|s| self.arena.segments.get(s).size)
+            .sum();
+        let cached = unpaged_free + self.free_page_bytes();
+        let estimate = self.stats.bytes.reserved_bytes.saturating_sub(cached).saturating_add(want);
+        if estimate > high_water {
+            return Ok(self.refuse_arena(want, estimate, high_water));
+        }
         self.release_cached(&ReclaimDecision { trim: true, ..ReclaimDecision::all() })?;
+        let after = self.stats.bytes.reserved_bytes.saturating_add(want);
+        if after > high_water {
+            return Ok(self.refuse_arena(want, after, high_water));
+        }
         let pool = self.planned_pool();
         let base = match self.device.alloc_segment(want) {
             Ok(b) => b,
@@ -785,6 +818,24 @@ impl<D: Device> Allocator<D> {
         }
         self.release_free_retired()?;
         Ok(true)
+    }
+
+    /// Refuses to install an arena of `want` bytes that would make `reserved`
+    /// bytes, above the `peak` so far: counted, logged, and plans needing
+    /// that much are not installed again. Returns `false` (not installed).
+    fn refuse_arena(&mut self, want: u64, reserved: u64, peak: u64) -> bool {
+        self.stats.plan_refused += 1;
+        tracing::warn!(
+            bytes = want,
+            reserved,
+            peak,
+            "the arena would raise the peak reserved memory; its steps stay dynamic"
+        );
+        let p = self.planning.as_mut().expect("planning is on");
+        p.refused_arena = p.refused_arena.min(want);
+        p.active = None;
+        p.matched.clear();
+        false
     }
 
     /// Moves live tensor `id` to offset `off` of the current arena when it
