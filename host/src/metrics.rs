@@ -129,6 +129,8 @@ pub struct Metrics {
     pub plan_refused: u64,
     /// Bytes of the planned arena at the end (the peak is in `peak_reserved_bytes`).
     pub plan_arena_bytes: u64,
+    /// Plans read from a plan cache at the start (`--plan-cache`).
+    pub plans_loaded: u64,
     /// The first request that failed after every remedy (event and reason).
     pub first_oom: Option<String>,
 }
@@ -210,4 +212,5 @@ pub fn fill<D: Device>(m: &mut Metrics, s: &Stats, dev: &D, pauses: &PauseHistog
     m.plan_misses = s.plan_misses;
     m.plan_refused = s.plan_refused;
     m.plan_arena_bytes = s.plan_arena_bytes;
+    m.plans_loaded = s.plans_loaded;
 }

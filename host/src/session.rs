@@ -54,6 +54,9 @@ pub struct ReplayOptions {
     pub sample_every: u64,
     /// Keep the final state and the allocator actions for a snapshot export.
     pub export: bool,
+    /// Read plans from this plan cache and keep the run's plans there
+    /// ([`Allocator::use_plan_cache`]; the policy needs a planner).
+    pub plan_cache: Option<std::path::PathBuf>,
 }
 
 impl Default for ReplayOptions {
@@ -65,6 +68,7 @@ impl Default for ReplayOptions {
             swap: None,
             sample_every: 0,
             export: false,
+            plan_cache: None,
         }
     }
 }
@@ -115,6 +119,9 @@ pub enum SessionError {
     /// The shadow's eviction policy reads the workload's future, which a shadow never sees.
     #[error("--shadow {0}: its eviction reads the trace's future, which a shadow never sees")]
     ShadowNeedsFuture(String),
+    /// The plan cache is not one, or the policy has no planner.
+    #[error(transparent)]
+    PlanCache(Box<crate::alloc::PlanCacheError>),
     /// The device cannot be opened.
     #[error("--device cuda: {0}")]
     Device(DeviceError),
@@ -178,13 +185,16 @@ pub fn run(
 }
 
 fn run_on<D: Device>(
-    alloc: Allocator<D>,
+    mut alloc: Allocator<D>,
     workload: &Workload,
     policy: &str,
     opts: &ReplayOptions,
     loader: &dyn PartLoader,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<ReplayOutcome, SessionError> {
+    if let Some(path) = &opts.plan_cache {
+        alloc.use_plan_cache(path).map_err(|e| SessionError::PlanCache(Box::new(e)))?;
+    }
     let shadow = match &opts.shadow {
         Some(q) => {
             let r = resolve(q, loader).map_err(spec_err(q))?;

@@ -107,3 +107,41 @@ fn plan_errors_are_clear() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/t.jsonl"));
 }
+
+#[test]
+fn replay_with_a_plan_cache_plans_the_next_run_from_its_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("tiny.jsonl");
+    let out = wasmem().args(["synth", "--preset", "tiny", "--steps", "4", "-o"]).arg(&trace).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let cache = dir.path().join("plans.json");
+    let run = |policy: &str| {
+        let mut cmd = wasmem();
+        cmd.args(["replay", "--json", "--policy", policy, "--plan-cache"]).arg(&cache).arg(&trace);
+        json_lines(&mut cmd).remove(0)
+    };
+    let cold = run("planned");
+    assert_eq!(u(&cold, "plans_loaded"), 0);
+    assert!(cache.is_file());
+    let warm = run("planned");
+    assert!(u(&warm, "plans_loaded") >= 2, "{warm}");
+    assert_eq!(u(&warm, "plan_misses"), 0, "{warm}");
+    assert!(u(&warm, "device_alloc_calls") <= 2, "{warm}");
+    assert!(u(&warm, "peak_reserved_bytes") <= u(&cold, "peak_reserved_bytes"), "{warm}\n{cold}");
+    let mut cmd = wasmem();
+    cmd.args(["replay", "--json", "--policy", "pytorch"]).arg(&trace);
+    let pytorch = json_lines(&mut cmd).remove(0);
+    assert!(u(&warm, "device_alloc_calls") <= u(&pytorch, "device_alloc_calls"), "{warm}\n{pytorch}");
+    // One input only, a planner needed, and a file that is not a cache is refused and kept.
+    let fail = |args: &[&str], want: &str| {
+        let out = wasmem().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(want), "{err}");
+    };
+    let (t, c) = (trace.to_str().unwrap(), cache.to_str().unwrap());
+    fail(&["replay", "--policy", "planned", "--plan-cache", c, t, t], "--plan-cache takes exactly one input");
+    fail(&["replay", "--policy", "defrag", "--plan-cache", c, t], "needs planned placement");
+    let before = std::fs::read(&trace).unwrap();
+    fail(&["replay", "--policy", "planned", "--plan-cache", t, t], "not a plan cache");
+    assert_eq!(std::fs::read(&trace).unwrap(), before, "a file that is not a plan cache was overwritten");
+}

@@ -454,6 +454,136 @@ fn a_failing_planner_is_disabled_after_repeated_failures() {
     r.finish();
 }
 
+/// The first step of a training run: parameters and optimizer states
+/// allocated once and never freed, then a training step.
+fn first_step(template: &[Req]) -> Vec<Req> {
+    let mut t: Vec<Req> = (0..6u64)
+        .map(|k| Req { bytes: 3 * MIB + k * 40 * KIB, kind: TensorKind::Param, free_at: usize::MAX / 2 })
+        .collect();
+    let n0 = t.len();
+    let n = n0 + template.len();
+    t.extend(template.iter().map(|r| Req {
+        free_at: if r.free_at >= template.len() { r.free_at - template.len() + n } else { r.free_at + n0 },
+        ..*r
+    }));
+    t.extend((0..6u64).map(|k| Req { bytes: 2 * MIB + k * 8 * KIB, kind: TensorKind::Optim, free_at: usize::MAX / 2 }));
+    t
+}
+
+/// A run of `steps` steps (the first with persistent tensors) on `policy`,
+/// with the plan cache at `cache` when given; returns the run's stats, each
+/// step's, and what `use_plan_cache` returned.
+fn cached_run(
+    policy: &str,
+    template: &[Req],
+    steps: usize,
+    cache: Option<&std::path::Path>,
+) -> (Stats, Vec<Stats>, Option<Result<usize, String>>) {
+    let mut r = Run::new(policy, 4 * GIB);
+    let loaded = cache.map(|p| r.a.use_plan_cache(p).map_err(|e| e.to_string()));
+    let first = first_step(template);
+    let per: Vec<Stats> = (0..steps).map(|i| r.step(if i == 0 { &first } else { template })).collect();
+    let s = r.a.stats();
+    r.finish();
+    (s, per, loaded)
+}
+
+#[test]
+fn a_plan_cache_plans_the_next_run_from_its_first_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plans.json");
+    let template = training_step(6, 3 * MIB);
+    let (cold, _, loaded) = cached_run("planned", &template, 6, Some(&path));
+    assert_eq!(loaded, Some(Ok(0)), "no file yet");
+    assert!(path.is_file(), "the run's plans were not written");
+    assert_eq!(cold, cached_run("planned", &template, 6, None).0, "keeping a cache changed the run");
+    let (warm, per, loaded) = cached_run("planned", &template, 6, Some(&path));
+    let Some(Ok(n)) = loaded else { panic!("{loaded:?}") };
+    assert!(n >= 2, "the first-step plan and a steady one: {n}");
+    assert_eq!(warm.plans_loaded, n as u64);
+    // Every request from the first one on is served at its planned offset,
+    // from two arenas (the steps', and the kept one of the persistent
+    // tensors): two device calls in the whole run.
+    assert_eq!(per[0].plan_hits, first_step(&template).len() as u64, "{:?}", per[0]);
+    assert_eq!(warm.plan_misses, 0, "{warm:?}");
+    assert_eq!((warm.device_alloc_calls, warm.device_free_calls, warm.device_syncs), (2, 0, 0), "{warm:?}");
+    let pytorch = cached_run("pytorch", &template, 6, None).0;
+    assert!(warm.device_alloc_calls <= pytorch.device_alloc_calls);
+    assert!(
+        warm.bytes.peak_reserved_bytes <= cold.bytes.peak_reserved_bytes,
+        "warm peak {} above the cold run's {}",
+        warm.bytes.peak_reserved_bytes,
+        cold.bytes.peak_reserved_bytes
+    );
+    // The third run reads what the second wrote, and does the same.
+    let (third, _, loaded) = cached_run("planned", &template, 6, Some(&path));
+    assert_eq!(loaded, Some(Ok(n)));
+    assert_eq!(third, warm);
+}
+
+#[test]
+fn a_plan_cache_of_another_training_is_left_and_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plans.json");
+    // The same parameters and optimizer states, other activations: the
+    // cached first-step plan is chosen (same first request), then left at
+    // the first request it does not plan; its persistent ranges still
+    // serve the same parameters and states, and its other arena is never
+    // allocated.
+    let a = training_step(6, 3 * MIB);
+    let b = training_step(5, 2 * MIB + 300 * KIB);
+    let (cold_a, _, _) = cached_run("planned", &a, 5, Some(&path));
+    let (other, per, loaded) = cached_run("planned", &b, 5, Some(&path));
+    assert!(matches!(loaded, Some(Ok(n)) if n >= 2), "{loaded:?}");
+    let alone = cached_run("planned", &b, 5, None).0;
+    assert!(per[0].plan_hits >= 12, "the persistent requests were not served: {:?}", per[0]);
+    assert!(
+        other.bytes.peak_reserved_bytes <= alone.bytes.peak_reserved_bytes,
+        "another training's plans raised the peak: {} > {}",
+        other.bytes.peak_reserved_bytes,
+        alone.bytes.peak_reserved_bytes
+    );
+    assert!(other.bytes.peak_reserved_bytes < cold_a.bytes.peak_reserved_bytes, "a's arena was allocated");
+    // The file now holds b's plans only: the next run of b is planned from
+    // its start, in its own arenas.
+    let (warm, _, loaded) = cached_run("planned", &b, 5, Some(&path));
+    assert!(matches!(loaded, Some(Ok(n)) if n >= 2), "{loaded:?}");
+    assert_eq!((warm.plan_misses, warm.device_alloc_calls), (0, 2), "{warm:?}");
+    assert!(warm.bytes.peak_reserved_bytes <= alone.bytes.peak_reserved_bytes, "{warm:?}");
+}
+
+#[test]
+fn a_broken_or_foreign_plan_cache_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let template = training_step(4, 2 * MIB);
+    let alone = cached_run("planned", &template, 4, None).0;
+    // Not a plan cache: an error naming the file, which is left as it is.
+    let foreign = dir.path().join("trace.jsonl");
+    std::fs::write(&foreign, "{\"op\":\"alloc\",\"id\":1}\n").unwrap();
+    let (s, _, loaded) = cached_run("planned", &template, 4, Some(&foreign));
+    let e = loaded.unwrap().unwrap_err();
+    assert!(e.contains("trace.jsonl") && e.contains("not a plan cache"), "{e}");
+    assert_eq!(std::fs::read_to_string(&foreign).unwrap(), "{\"op\":\"alloc\",\"id\":1}\n");
+    assert_eq!(s, alone);
+    // A plan cache whose plan is invalid: refused whole, counted, the run
+    // is a cold one, and the file is replaced by valid plans.
+    let path = dir.path().join("plans.json");
+    cached_run("planned", &template, 4, Some(&path));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let at = text.rfind("\"arena_bytes\":").unwrap() + "\"arena_bytes\":".len();
+    let end = at + text[at..].find(',').unwrap();
+    std::fs::write(&path, format!("{}512{}", &text[..at], &text[end..])).unwrap();
+    let (s, _, loaded) = cached_run("planned", &template, 4, Some(&path));
+    assert_eq!(loaded, Some(Ok(0)));
+    assert_eq!(s.plan_refused, 1, "{s:?}");
+    assert_eq!(Stats { plan_refused: 0, ..s }, alone);
+    let (_, _, loaded) = cached_run("planned", &template, 4, Some(&path));
+    assert!(matches!(loaded, Some(Ok(n)) if n >= 2), "the file was not replaced: {loaded:?}");
+    // Without a planner there is nothing to cache.
+    let (_, _, loaded) = cached_run("defrag", &template, 2, Some(&path));
+    assert!(loaded.unwrap().unwrap_err().contains("planned placement"));
+}
+
 fn dev_strategy(n: usize) -> impl Strategy<Value = Dev> {
     prop_oneof![
         (0..n, 1u64..(2 * MIB)).prop_map(|(at, bytes)| Dev::Extra { at, bytes }),
@@ -506,5 +636,23 @@ proptest! {
         }
         prop_assert_eq!(r.ooms, 0, "OOM at {} bytes where defrag needs {}: {:?}", cap, need, r.a.stats());
         r.finish();
+        // The same steps with the plan cache of a run of the template: its
+        // plans serve them from the first request, deviations and all.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plans.json");
+        let mut learn = Run::new("planned", 8 * GIB);
+        learn.check_each = false;
+        learn.a.use_plan_cache(&path).unwrap();
+        for _ in 0..4 {
+            learn.step(&template);
+        }
+        learn.finish();
+        let mut warm = Run::new("planned", cap);
+        prop_assert!(warm.a.use_plan_cache(&path).unwrap() >= 1);
+        for s in &steps {
+            warm.step(s);
+        }
+        prop_assert_eq!(warm.ooms, 0, "warm: OOM at {} bytes where defrag needs {}: {:?}", cap, need, warm.a.stats());
+        warm.finish();
     }
 }

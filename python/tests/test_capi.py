@@ -253,3 +253,34 @@ print(json.dumps(lib.stats()))
     assert s["policy_traps"] >= 1 and s["policy_fallbacks"] >= 1, s
     assert s["allocs"] == s["frees"] == 12 and s["live_pointers"] == 0
     assert "refused:" in p.stdout and "hostile" in p.stdout
+
+
+def test_a_plan_cache_plans_the_next_process_from_its_first_request(tmp_path):
+    # Two processes of the same training: the first learns its plans and
+    # keeps them in the cache; the second is served from its first request.
+    cache = tmp_path / "plans.rank{rank}.json"
+    code = (
+        PRELUDE
+        + f"""
+lib.init({{"device": "sim", "policy": "planned", "sim_capacity": "1GiB", "plan_cache": {str(cache)!r}}})
+lib.set_kind("param")
+params = [lib.malloc((3 + k) * MIB) for k in range(4)]
+lib.set_kind(None)
+grads = []
+for step in range(5):
+    for g in grads:
+        lib.free(g, 2 * MIB)
+    acts = [lib.malloc((4 + k) * MIB) for k in range(6)]
+    for k, a in reversed(list(enumerate(acts))):
+        lib.free(a, (4 + k) * MIB)
+    grads = [lib.malloc(2 * MIB) for _ in range(3)]
+    lib.phase("step_end", step)
+print(json.dumps(lib.stats()))
+"""
+    )
+    cold = last_json(run_py(code, {"RANK": "1"}))
+    assert (tmp_path / "plans.rank1.json").is_file()
+    warm = last_json(run_py(code, {"RANK": "1"}))
+    assert cold["plans_loaded"] == 0 and warm["plans_loaded"] >= 2, warm
+    assert warm["plan_misses"] == 0 and warm["device_alloc_calls"] <= 2, warm
+    assert warm["peak_reserved_bytes"] <= cold["peak_reserved_bytes"]

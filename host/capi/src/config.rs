@@ -7,6 +7,7 @@
 //! | `WASMEM_SIM_CAPACITY` | capacity of the `sim` device, e.g. `8GiB` | `80GiB` |
 //! | `WASMEM_SIM_DEVICES` | how many `sim` devices there are (devices `0..n`) | `8` |
 //! | `WASMEM_TRACE_OUT` | record a trace v1 and write it to this path at exit | off |
+//! | `WASMEM_PLAN_CACHE` | plan cache file of planned placement (`{rank}` and `{device}` in it are replaced): read at device open, the run's plans kept there | off |
 //! | `WASMEM_SHADOW` | policy spec of a bookkeeping-only shadow fed the same events (per device) | off |
 //! | `WASMEM_CTL` | serve the control socket: `1` (the default path, named by `RANK`/`LOCAL_RANK`) or a socket path | off |
 //! | `RANK`, `LOCAL_RANK` | the process's rank in its job (torchrun sets them): socket name, `ctl status` | — |
@@ -54,6 +55,9 @@ pub struct Config {
     pub shadow: Option<String>,
     /// The control socket to serve.
     pub ctl: Option<PathBuf>,
+    /// The plan cache, as given (`{rank}` and `{device}` not yet replaced:
+    /// [`Config::plan_cache_path`]).
+    pub plan_cache: Option<String>,
     /// `RANK`, when set.
     pub rank: Option<u32>,
     /// `LOCAL_RANK`, when set.
@@ -91,8 +95,8 @@ pub enum ConfigError {
 }
 
 /// The keys `wasmem_init` takes, each as its environment variable means it.
-pub const JSON_KEYS: [&str; 9] =
-    ["policy", "device", "sim_capacity", "sim_devices", "trace_out", "trace", "shadow", "ctl", "rank"];
+pub const JSON_KEYS: [&str; 10] =
+    ["policy", "device", "sim_capacity", "sim_devices", "trace_out", "trace", "shadow", "ctl", "rank", "plan_cache"];
 
 /// The control socket of this process by default: in the default socket
 /// directory, named by the rank (`rank<RANK>-<pid>.sock`, else
@@ -118,6 +122,15 @@ fn ctl_setting(v: &str, rank: Option<u32>, local_rank: Option<u32>) -> Option<Pa
 }
 
 impl Config {
+    /// The plan cache file of device `ordinal`: `{rank}` replaced by the
+    /// rank (else the local rank, else 0) and `{device}` by the ordinal, so
+    /// that the processes of a job can each keep their own.
+    pub fn plan_cache_path(&self, ordinal: usize) -> Option<PathBuf> {
+        let rank = self.rank.or(self.local_rank).unwrap_or(0);
+        let t = self.plan_cache.as_ref()?;
+        Some(PathBuf::from(t.replace("{rank}", &rank.to_string()).replace("{device}", &ordinal.to_string())))
+    }
+
     /// Reads the configuration from the process environment.
     pub fn from_env() -> Result<Config, ConfigError> {
         Config::from_lookup(|k| std::env::var(k).ok())
@@ -154,6 +167,7 @@ impl Config {
             trace: trace_out.is_some(),
             trace_out,
             shadow: get("WASMEM_SHADOW"),
+            plan_cache: get("WASMEM_PLAN_CACHE"),
             ctl: get("WASMEM_CTL").and_then(|v| ctl_setting(&v, rank, local_rank)),
             rank,
             local_rank,
@@ -230,6 +244,9 @@ impl Config {
                     .ok_or_else(|| bad(format!("`sim_devices` must be a positive number of devices, not {v}")))?
             }
         }
+        if obj.contains_key("plan_cache") {
+            self.plan_cache = text("plan_cache")?;
+        }
         if obj.contains_key("trace_out") {
             self.trace_out = text("trace_out")?.map(PathBuf::from);
         }
@@ -299,6 +316,19 @@ mod tests {
         assert!(c.ctl.unwrap().to_string_lossy().contains("local2-"));
         assert_eq!(cfg(&[("WASMEM_CTL", "/tmp/x.sock")]).unwrap().ctl, Some(PathBuf::from("/tmp/x.sock")));
         assert_eq!(cfg(&[("WASMEM_CTL", "0")]).unwrap().ctl, None);
+    }
+
+    #[test]
+    fn plan_cache_paths_are_per_rank_and_device() {
+        let c = cfg(&[("WASMEM_PLAN_CACHE", "/tmp/plans.rank{rank}.dev{device}.json"), ("LOCAL_RANK", "2")]).unwrap();
+        assert_eq!(c.plan_cache_path(5), Some(PathBuf::from("/tmp/plans.rank2.dev5.json")));
+        let mut c = cfg(&[("RANK", "7")]).unwrap();
+        assert_eq!(c.plan_cache_path(0), None);
+        c.apply_json(r#"{"plan_cache":"p{rank}.json"}"#).unwrap();
+        assert_eq!(c.plan_cache_path(0), Some(PathBuf::from("p7.json")));
+        c.apply_json(r#"{"plan_cache":null}"#).unwrap();
+        assert_eq!(c.plan_cache_path(0), None);
+        assert!(c.apply_json(r#"{"plan_cache":3}"#).unwrap_err().to_string().contains("plan_cache"));
     }
 
     #[test]

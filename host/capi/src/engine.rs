@@ -52,6 +52,9 @@ pub trait Engine: Send {
     fn capacity(&self) -> u64;
     /// The allocator's invariants ([`Allocator::check_invariants`]).
     fn check(&self) -> Result<(), InvariantError>;
+    /// Reads plans from the plan cache at `path` and keeps the run's plans
+    /// there ([`Allocator::use_plan_cache`]); returns the plans read.
+    fn use_plan_cache(&mut self, path: &std::path::Path) -> Result<usize, wasmem::alloc::PlanCacheError>;
 }
 
 /// An allocator and its driver.
@@ -124,6 +127,10 @@ impl<D: Device + 'static> Engine for Driven<D> {
 
     fn check(&self) -> Result<(), InvariantError> {
         self.alloc.with(|a| a.check_invariants())
+    }
+
+    fn use_plan_cache(&mut self, path: &std::path::Path) -> Result<usize, wasmem::alloc::PlanCacheError> {
+        self.alloc.with(|a| a.use_plan_cache(path))
     }
 }
 

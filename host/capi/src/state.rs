@@ -180,6 +180,12 @@ impl State {
                 );
             }
         }
+        if let Some(path) = self.config.plan_cache_path(ordinal) {
+            match engine.use_plan_cache(&path) {
+                Ok(n) => tracing::info!("wasmem: device {device}: {n} plans read from {}", path.display()),
+                Err(e) => log::report(Cause::Policy, format!("device {device}: {e}; running without a plan cache")),
+            }
+        }
         let shadow = match &self.config.shadow {
             None => None,
             Some(spec) => match resolve_spec(spec) {

@@ -47,6 +47,9 @@
 //!   free: no tensor is ever placed over a live one, whatever the plan;
 //! - `plan_arena_bytes = Σ arena sizes`.
 
+use std::path::{Path, PathBuf};
+
+use super::plan_cache::{CacheContent, CacheError, CachedPlan};
 use super::policies::RoleHealth;
 use super::slab::{Block, Segment, NIL};
 use super::{ActionKind, AllocError, Allocator, InvariantError, Pool, Tier};
@@ -83,7 +86,72 @@ struct StoredPlan {
     /// The request before which the arena is installed (see [`install_point`]).
     install_at: usize,
     last_used: u64,
+    /// Only for a run's first step (a plan from the cache).
+    first_only: bool,
+    /// Bytes of its persistent requests (in the kept arena).
+    kept_bytes: u64,
+    /// Chosen for a step in this run (a cached plan that never is is not
+    /// written back).
+    used: bool,
+    /// Read from the plan cache: its arena is held to the high-water mark
+    /// of the run that made it.
+    from_cache: bool,
+    /// The profile and the planner's own plan, when a plan cache keeps them.
+    cached: Option<Box<CachedPlan>>,
 }
+
+impl StoredPlan {
+    /// A stored plan of `c` in an arena of at least `arena` bytes; the
+    /// persistent requests of a first-step plan are packed, in their order,
+    /// in the kept arena (their offsets marked [`KEPT`]).
+    fn of(c: &CachedPlan, arena: u64, first_only: bool, keep: bool, now: u64) -> Self {
+        let reqs = &c.profile.requests;
+        let mut offsets = c.plan.offsets.clone();
+        let mut at = 0;
+        for &k in &c.persistent {
+            offsets[k as usize] = Some(at | KEPT);
+            at += reqs[k as usize].planned_bytes();
+        }
+        StoredPlan {
+            keys: reqs.iter().map(key).collect(),
+            offsets,
+            kept_bytes: at,
+            used: false,
+            arena_bytes: arena.max(c.plan.arena_bytes).div_ceil(PLAN_ALIGN) * PLAN_ALIGN,
+            known: reqs.iter().enumerate().filter(|(k, r)| r.plannable(*k as u32)).count(),
+            install_at: install_point(reqs, &c.plan.offsets).0,
+            last_used: now,
+            first_only,
+            from_cache: false,
+            cached: keep.then(|| Box::new(c.clone())),
+        }
+    }
+}
+
+/// A run's plan cache (see [`super::plan_cache`]).
+#[derive(Debug)]
+struct CacheState {
+    path: PathBuf,
+    /// The first-step plan: loaded, or made from `first_profile`.
+    first: Option<CachedPlan>,
+    /// This run's first step, when its plan is learned in this run.
+    first_profile: Option<StepProfile>,
+    /// The first step's end-live requests not freed yet: handle → index.
+    first_live: BySlot,
+    /// `first` is to be planned again from `first_profile` (an end-live
+    /// request of the first step was freed: it is not persistent).
+    first_stale: bool,
+    /// Something to write at the next step end.
+    dirty: bool,
+    /// A write failed (warned once).
+    write_failed: bool,
+}
+
+/// Marks a planned offset in the kept arena: the one of the persistent
+/// requests of a cached first-step plan (parameters, optimizer states),
+/// apart from the arena of the step's other requests so that it is
+/// released with them, not with the step.
+const KEPT: u64 = 1 << 63;
 
 /// Entries of an arena's cache of free block starts (two in unit tests:
 /// its misses, and so the other ways to the block, are then the rule).
@@ -237,6 +305,22 @@ pub(crate) struct Planning {
     /// The most bytes reserved at once so far, over peak resets (taken at
     /// step ends): an arena that would reserve more is not installed.
     high_water: u64,
+    /// The plan cache, when the run keeps its plans in a file.
+    cache: Option<Box<CacheState>>,
+    /// The kept arena (always `arenas[0]` while it is held).
+    kept_seg: Option<u32>,
+    /// The arena every cached plan shares (0: none).
+    common_arena: u64,
+    /// The high-water mark of the run that made the cached plans.
+    cached_high_water: u64,
+    /// The cached first-step plan was left: release its arena once free.
+    left_first: bool,
+    /// Persistent requests of a left first-step plan not served yet: key →
+    /// offsets in the kept arena (the last is the next).
+    kept_left: std::collections::HashMap<Key, Vec<u64>>,
+    /// Bytes of the arena of a cached first-step plan not allocated yet
+    /// (see [`Allocator::open_deferred_arena`]).
+    deferred_arena: u64,
 }
 
 impl std::fmt::Debug for Planning {
@@ -272,6 +356,13 @@ impl Planning {
             arenas: Vec::new(),
             steps: 0,
             high_water: 0,
+            cache: None,
+            kept_seg: None,
+            common_arena: 0,
+            cached_high_water: 0,
+            left_first: false,
+            deferred_arena: 0,
+            kept_left: std::collections::HashMap::new(),
         }
     }
 
@@ -282,7 +373,7 @@ impl Planning {
 
     /// Bytes of the current arena (0: none).
     fn arena_size(&self) -> u64 {
-        self.arenas.last().map_or(0, |a| a.size)
+        self.arenas.last().filter(|a| Some(a.seg) != self.kept_seg).map_or(0, |a| a.size)
     }
 
     /// Drops every stored plan and the step's use of one.
@@ -318,17 +409,19 @@ impl Planning {
     fn choose(&mut self, first: &AllocRequest) {
         let k = (first.bytes, first.kind, first.stream);
         let refused = self.refused_arena;
+        let first_step = self.steps == 0;
         self.active = self
             .plans
             .iter()
             .enumerate()
-            .filter(|(_, p)| p.keys.first() == Some(&k) && p.arena_bytes < refused)
-            .max_by_key(|(_, p)| p.last_used)
+            .filter(|(_, p)| p.keys.first() == Some(&k) && p.arena_bytes < refused && (first_step || !p.first_only))
+            .max_by_key(|(_, p)| (p.first_only, p.last_used))
             .map(|(i, _)| i);
         self.cursor = 0;
         self.matched.clear();
         if let Some(i) = self.active {
             self.plans[i].last_used = self.steps;
+            self.plans[i].used = true;
             self.installing = self.plans[i].arena_bytes > self.arena_size();
         }
     }
@@ -354,6 +447,47 @@ impl Planning {
                 *f = now;
             }
         }
+        if let Some(c) = self.cache.as_mut() {
+            if c.first_live.take(id).is_some() {
+                c.dirty = true;
+                c.first_stale = true;
+            }
+        }
+    }
+
+    /// The cache's content now: the first-step plan and the other plans,
+    /// with their own offsets.
+    fn cache_content(&self) -> Option<CacheContent> {
+        let c = self.cache.as_ref()?;
+        // Cached plans no step of this run used are of another training.
+        let kept = |p: &&StoredPlan| !p.first_only && (p.used || !p.from_cache);
+        let plans = self.plans.iter().filter(kept).filter_map(|p| p.cached.as_deref().cloned()).collect();
+        // The allowance of the run that made the cached plans stays while
+        // they serve (a run served by them reserves less than it did).
+        let served = self.plans.iter().any(|p| p.from_cache && p.used);
+        let high_water = if served { self.high_water.max(self.cached_high_water) } else { self.high_water };
+        Some(CacheContent { high_water, first: c.first.clone(), plans })
+    }
+
+    /// The first step's profile as its cached plan sees it, and its
+    /// persistent requests: those live at its end and still live now stay
+    /// unplanned (they go to the kept arena); those freed
+    /// since, in a later step, are planned as live until the step's end.
+    fn first_for_planning(&self) -> Option<(StepProfile, Vec<u32>)> {
+        let c = self.cache.as_ref()?;
+        let mut profile = c.first_profile.clone()?;
+        let mut persistent: Vec<u32> = c.first_live.entries().map(|(_, k)| k).collect();
+        persistent.sort_unstable();
+        let n = profile.requests.len() as u32;
+        let mut keep = persistent.iter().peekable();
+        for (k, r) in profile.requests.iter_mut().enumerate() {
+            if keep.peek() == Some(&&(k as u32)) {
+                keep.next();
+            } else if r.freed_at.is_none() {
+                r.freed_at = Some(n);
+            }
+        }
+        Some((profile, persistent))
     }
 
     /// Closes the step's profile (lifetimes, wraps matched by position with
@@ -380,6 +514,35 @@ impl Planning {
         self.cursor = 0;
         self.steps += 1;
         (StepProfile { step, requests }, repeated)
+    }
+
+    /// Leaves the active (cached first-step) plan for the rest of the
+    /// step; its persistent requests not served yet can still be, by key.
+    fn leave_first(&mut self) {
+        tracing::info!(misses = self.step_misses, "the cached first-step plan does not fit this run; left");
+        if let Some(plan) = self.active.take().map(|i| &self.plans[i]) {
+            for j in self.cursor..plan.keys.len() {
+                if let Some(off) = plan.offsets[j].filter(|o| o & KEPT != 0) {
+                    self.kept_left.entry(plan.keys[j]).or_default().push(off);
+                }
+            }
+            for offs in self.kept_left.values_mut() {
+                offs.reverse();
+            }
+        }
+        self.matched.clear();
+    }
+
+    /// Stores a plan: one per first request (a first-step plan aside), the
+    /// least recently used going first when [`MAX_PLANS`] are kept.
+    fn store(&mut self, stored: StoredPlan) {
+        if let Some(i) = self.plans.iter().position(|q| !q.first_only && q.keys.first() == stored.keys.first()) {
+            self.plans.remove(i);
+        } else if self.plans.len() >= MAX_PLANS {
+            let lru = self.plans.iter().enumerate().min_by_key(|(_, q)| q.last_used).map(|(i, _)| i).expect("full");
+            self.plans.remove(lru);
+        }
+        self.plans.push(stored);
     }
 
     /// The arena holding segment `seg`, if it is one.
@@ -450,7 +613,9 @@ impl<D: Device> Allocator<D> {
     pub(super) fn planned_block(&mut self, req: &AllocRequest) -> Result<Option<(u32, u32)>, AllocError> {
         let Some(p) = self.planning.as_mut() else { return Ok(None) };
         let planned = p.next_offset(req);
-        let Some(i) = p.active else { return Ok(None) };
+        let Some(i) = p.active else {
+            return Ok(if p.kept_left.is_empty() { None } else { self.serve_kept_left(req) });
+        };
         if p.installing {
             match planned {
                 Some((j, ..)) if j >= p.plans[i].install_at => {
@@ -473,7 +638,9 @@ impl<D: Device> Allocator<D> {
                 }
             }
         }
+        let deferred = self.planning.as_ref().is_some_and(|p| p.deferred_arena > 0);
         let served = match planned {
+            Some((_, Some(off))) if deferred && off & KEPT == 0 && !self.open_deferred_arena()? => None,
             Some((_, Some(off))) => self.take_arena_range(off, req.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN, req.stream),
             _ => None,
         };
@@ -484,8 +651,64 @@ impl<D: Device> Allocator<D> {
         } else {
             p.step_misses += 1;
             self.stats.plan_misses += 1;
+            // A cached first-step plan is chosen on the first request alone
+            // and installed at once: a run that turns out to be another
+            // training leaves it, and its arena, as soon as that is plain.
+            let plan = &p.plans[i];
+            if plan.first_only && p.step_misses > 8 + plan.keys.len() as u64 / 100 {
+                p.leave_first();
+                p.left_first = true;
+                self.release_left_arena()?;
+            }
         }
         Ok(served)
+    }
+
+    /// After a cached first-step plan was left: a request of the same key
+    /// as one of its persistent requests not served yet takes that one's
+    /// range of the kept arena (parameters and optimizer states of a run of
+    /// the same model with other shapes still fill it).
+    #[cold]
+    fn serve_kept_left(&mut self, req: &AllocRequest) -> Option<(u32, u32)> {
+        let p = self.planning.as_mut()?;
+        let offs = p.kept_left.get_mut(&(req.bytes, req.kind, req.stream))?;
+        let off = offs.pop()?;
+        let served = self.take_arena_range(off, req.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN, req.stream);
+        if served.is_some() {
+            self.stats.plan_hits += 1;
+        }
+        served
+    }
+
+    /// The arena of a cached first-step plan, at its first request that is
+    /// not persistent: allocated when every request of the step so far was
+    /// a hit; otherwise the plan is left (the run is another training) and
+    /// no arena was spent on it. Returns whether the arena is there.
+    #[cold]
+    fn open_deferred_arena(&mut self) -> Result<bool, AllocError> {
+        let p = self.planning.as_mut().expect("planning is on");
+        let want = std::mem::take(&mut p.deferred_arena);
+        if p.step_misses > 0 {
+            p.leave_first();
+            return Ok(false);
+        }
+        let Some(arena) = self.new_arena(want)? else { return Ok(false) };
+        self.planning.as_mut().expect("planning is on").arenas.push(arena);
+        Ok(true)
+    }
+
+    /// After a cached first-step plan was left: its arena (the current
+    /// one, not the kept one) is released once it holds nothing.
+    fn release_left_arena(&mut self) -> Result<(), AllocError> {
+        let Some(p) = self.planning.as_ref() else { return Ok(()) };
+        let Some(a) = p.arenas.last().filter(|a| Some(a.seg) != p.kept_seg) else { return Ok(()) };
+        if !self.arena_is_free(a.seg) {
+            return Ok(());
+        }
+        let p = self.planning.as_mut().expect("checked");
+        let a = p.arenas.pop().expect("checked");
+        p.left_first = false;
+        self.release_arena(a)
     }
 
     /// When the dynamic path is out of memory: the smallest free range of
@@ -519,9 +742,15 @@ impl<D: Device> Allocator<D> {
 
     /// Carves `[off, off + size)` of the current arena into a block if that
     /// range is entirely free; returns (block, pool).
+    /// An offset marked [`KEPT`] is in the kept arena.
     #[inline]
     fn take_arena_range(&mut self, off: u64, size: u64, stream: StreamId) -> Option<(u32, u32)> {
-        let last = self.planning.as_ref()?.arenas.len().checked_sub(1)?;
+        let p = self.planning.as_ref()?;
+        let kept = p.kept_seg.is_some() && p.arenas.first().map(|a| a.seg) == p.kept_seg;
+        if off & KEPT != 0 {
+            return if kept { self.take_range(0, off & !KEPT, size, stream) } else { None };
+        }
+        let last = p.arenas.len().checked_sub(1).filter(|&l| !(kept && l == 0))?;
         self.take_range(last, off, size, stream)
     }
 
@@ -635,6 +864,9 @@ impl<D: Device> Allocator<D> {
         p.high_water = p.high_water.max(self.stats.bytes.peak_reserved_bytes);
         let (hits, misses) = (std::mem::take(&mut p.step_hits), std::mem::take(&mut p.step_misses));
         let served_plan = p.active.filter(|_| !p.installing);
+        let first_step = p.steps == 0;
+        p.deferred_arena = 0;
+        p.kept_left.clear();
         let (profile, repeated) = p.close_step(step);
         let n = profile.requests.len();
         let known = profile.requests.iter().enumerate().filter(|(k, r)| r.plannable(*k as u32)).count();
@@ -661,9 +893,16 @@ impl<D: Device> Allocator<D> {
             .plans
             .iter()
             .any(|q| q.keys.first() == first.as_ref() && q.known >= known && q.arena_bytes >= p.refused_arena);
+        if first_step {
+            self.end_first_step(&profile, served_plan.filter(|_| good))?;
+        }
+        if self.planning.as_ref().is_some_and(|p| p.left_first) {
+            self.release_left_arena()?;
+        }
         if worth && !good && !futile {
             self.make_plan(&profile)?;
         }
+        self.write_plan_cache()?;
         // The profile's buffer serves the next step.
         if let Some(p) = self.planning.as_mut() {
             let mut buf = profile.requests;
@@ -676,14 +915,80 @@ impl<D: Device> Allocator<D> {
         self.release_free_retired()
     }
 
-    /// Asks the planner for a plan of `profile`, validates it and stores it.
-    fn make_plan(&mut self, profile: &StepProfile) -> Result<(), AllocError> {
+    /// At the end of a run's first step, with a plan cache: its plan was
+    /// served from the cache (`served`), or it is learned now for the next
+    /// run, with its end-live requests followed to tell which stay live for
+    /// the whole run. The cached first-step plan is then of no more use in
+    /// this run.
+    fn end_first_step(&mut self, profile: &StepProfile, served: Option<usize>) -> Result<(), AllocError> {
+        let Some(p) = self.planning.as_mut() else { return Ok(()) };
+        let Some(cache) = p.cache.as_mut() else { return Ok(()) };
+        let from_cache = served.is_some_and(|i| p.plans[i].first_only);
+        if !from_cache {
+            // The end-live requests of this step (carried into the next one).
+            cache.first_live.clear();
+            for (id, k) in p.carried.entries() {
+                cache.first_live.insert(id, k);
+            }
+            cache.first_profile = Some(profile.clone());
+            cache.first_stale = true;
+            cache.dirty = true;
+            // No persistent request is in the arena: the cached plans keep
+            // their own offsets and arenas, as if made in this run.
+            if p.common_arena > 0 {
+                p.common_arena = 0;
+                for q in p.plans.iter_mut().filter(|q| !q.first_only) {
+                    if let Some(c) = q.cached.take() {
+                        *q = StoredPlan { from_cache: q.from_cache, ..StoredPlan::of(&c, 0, false, true, q.last_used) };
+                    }
+                }
+            }
+        }
+        p.plans.retain(|q| !q.first_only);
+        Ok(())
+    }
+
+    /// Writes the plan cache when something changed since the last write
+    /// (planning the first step again first when its persistent requests
+    /// changed); a failure to write is warned about once (the run goes on).
+    fn write_plan_cache(&mut self) -> Result<(), AllocError> {
+        let Some(p) = self.planning.as_mut() else { return Ok(()) };
+        if !p.cache.as_ref().is_some_and(|c| c.dirty) {
+            return Ok(());
+        }
+        if let Some((profile, persistent)) =
+            p.first_for_planning().filter(|_| p.cache.as_ref().is_some_and(|c| c.first_stale))
+        {
+            let plan = self.ask_planner(&profile)?;
+            let p = self.planning.as_mut().expect("planning is on");
+            let c = p.cache.as_mut().expect("checked");
+            c.first_stale = false;
+            c.first = plan.map(|plan| CachedPlan { profile, plan, persistent });
+        }
+        let p = self.planning.as_mut().expect("planning is on");
+        let content = p.cache_content().expect("a cache");
+        let c = p.cache.as_mut().expect("checked");
+        c.dirty = false;
+        match content.write(&c.path) {
+            Ok(()) => tracing::debug!(path = %c.path.display(), plans = content.plans.len(), "plan cache written"),
+            Err(e) if !c.write_failed => {
+                c.write_failed = true;
+                tracing::warn!(path = %c.path.display(), error = %e, "cannot write the plan cache; the run goes on");
+            }
+            Err(_) => {}
+        }
+        Ok(())
+    }
+
+    /// Asks the planner for a plan of `profile` and validates it; a refused
+    /// plan is counted and logged (`None`).
+    fn ask_planner(&mut self, profile: &StepProfile) -> Result<Option<Plan>, AllocError> {
         let ctx = self.context();
         let max_arena = self.device.capacity();
         let p = self.planning.as_mut().expect("planning is on");
         let max = self.policies.max_consecutive_failures;
         if p.health.disabled {
-            return Ok(());
+            return Ok(None);
         }
         p.health.calls += 1;
         let result = p.planner.plan(profile, &ctx).and_then(|plan| {
@@ -700,40 +1005,99 @@ impl<D: Device> Allocator<D> {
                 p.health.record("planner", &name, &e, max);
                 self.stats.plan_refused += 1;
                 tracing::warn!(planner = %name, step = profile.step, error = %e, "plan refused; the step stays dynamic");
-                return Ok(());
+                return Ok(None);
             }
         };
         if plan.planned() == 0 {
-            return Ok(());
+            return Ok(None);
         }
-        let known = profile.requests.iter().enumerate().filter(|(k, r)| r.plannable(*k as u32)).count();
-        let (install_at, live) = install_point(&profile.requests, &plan.offsets);
         tracing::debug!(
             step = profile.step,
-            install_at,
-            live,
+            install_at = install_point(&profile.requests, &plan.offsets).0,
             arena = plan.arena_bytes,
             bound = cycle_live(&profile.requests, &plan.offsets).into_iter().max().unwrap_or(0),
             "plan made"
         );
-        let stored = StoredPlan {
-            keys: profile.requests.iter().map(key).collect(),
-            offsets: plan.offsets,
-            arena_bytes: plan.arena_bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN,
-            known,
-            install_at,
-            last_used: p.steps,
+        Ok(Some(plan))
+    }
+
+    /// Asks the planner for a plan of `profile`, validates it and stores it
+    /// (in an arena at least as large as the cached plans').
+    fn make_plan(&mut self, profile: &StepProfile) -> Result<(), AllocError> {
+        let Some(plan) = self.ask_planner(profile)? else { return Ok(()) };
+        let p = self.planning.as_mut().expect("planning is on");
+        let c = CachedPlan {
+            profile: StepProfile { step: profile.step, requests: profile.requests.clone() },
+            plan,
+            persistent: Vec::new(),
         };
-        // One plan per first request; the least recently used goes first.
-        if let Some(i) = p.plans.iter().position(|q| q.keys.first() == stored.keys.first()) {
-            p.plans.remove(i);
-        } else if p.plans.len() >= MAX_PLANS {
-            let lru = p.plans.iter().enumerate().min_by_key(|(_, q)| q.last_used).map(|(i, _)| i).expect("full");
-            p.plans.remove(lru);
+        let stored = StoredPlan::of(&c, p.common_arena, false, p.cache.is_some(), p.steps);
+        p.store(stored);
+        if let Some(cache) = p.cache.as_mut() {
+            cache.dirty = true;
         }
-        p.plans.push(stored);
         self.stats.plans += 1;
         Ok(())
+    }
+
+    /// Reads the plan cache at `path` (the plans of an earlier run of the
+    /// same training) and keeps the run's plans there from now on: written
+    /// at step ends when they change. Needs a planner. Returns the plans
+    /// read (0: no file yet).
+    ///
+    /// The plans are validated again and share one arena (the largest);
+    /// the persistent requests of the first-step plan go to an arena of
+    /// their own, kept while they live. Arenas of cached plans are held to
+    /// the high-water mark of the run that made them.
+    /// A file that is not a plan cache is an error, and nothing is changed
+    /// (it is not overwritten); a cache whose plans are refused (another
+    /// version, an invalid plan, too large for this device) is warned
+    /// about, counted in `plan_refused`, and overwritten by this run's plans.
+    pub fn use_plan_cache(&mut self, path: &Path) -> Result<usize, CacheError> {
+        let capacity = self.device.capacity();
+        let Some(p) = self.planning.as_mut() else {
+            return Err(CacheError {
+                path: path.to_path_buf(),
+                what: "needs planned placement (a spec with a planner, e.g. `planned`)".into(),
+                foreign: false,
+            });
+        };
+        let content = match CacheContent::read(path, capacity) {
+            Ok(c) => c,
+            Err(e) if e.foreign => return Err(e),
+            Err(e) => {
+                tracing::warn!(error = %e, "plan cache refused; this run learns its plans again");
+                self.stats.plan_refused += 1;
+                None
+            }
+        };
+        p.cache = Some(Box::new(CacheState {
+            path: path.to_path_buf(),
+            first: None,
+            first_profile: None,
+            first_live: BySlot::default(),
+            first_stale: false,
+            dirty: false,
+            write_failed: false,
+        }));
+        let Some(content) = content else { return Ok(0) };
+        p.forget_plans();
+        p.cached_high_water = content.high_water;
+        p.common_arena = content.arena_bytes();
+        let now = p.steps;
+        let mut n = 0;
+        if let Some(f) = content.first.as_ref().filter(|_| p.steps == 0) {
+            p.plans.push(StoredPlan { from_cache: true, ..StoredPlan::of(f, p.common_arena, true, false, now) });
+            n += 1;
+        }
+        for c in &content.plans {
+            p.store(StoredPlan { from_cache: true, ..StoredPlan::of(c, p.common_arena, false, true, now) });
+            n += 1;
+        }
+        p.cache.as_mut().expect("set").first = content.first;
+        self.stats.plans_loaded += n as u64;
+        tracing::info!(path = %path.display(), plans = n, arena = p.common_arena, "plan cache read");
+        Ok(n)
     }
 
     /// Installs an arena for the active plan (at its install point): the old
@@ -746,6 +1110,7 @@ impl<D: Device> Allocator<D> {
         let p = self.planning.as_mut().expect("planning is on");
         let i = p.active.expect("a plan is active");
         let want = p.plans[i].arena_bytes;
+        let kept = if p.kept_seg.is_none() { p.plans[i].kept_bytes } else { 0 };
         p.installing = false;
         if let Some(seg) = p.arenas.last().map(|a| a.seg) {
             if self.arena_is_free(seg) {
@@ -757,7 +1122,11 @@ impl<D: Device> Allocator<D> {
         // dynamic must fit in the most reserved so far — estimated before
         // the cache is given back (whole free segments and free pages), then
         // checked after.
-        let high_water = self.planning.as_ref().map_or(0, |p| p.high_water).max(self.stats.bytes.peak_reserved_bytes);
+        let high_water = self.planning.as_ref().map_or(0, |p| {
+            let cached = if p.plans[i].from_cache { p.cached_high_water } else { 0 };
+            p.high_water.max(cached)
+        });
+        let high_water = high_water.max(self.stats.bytes.peak_reserved_bytes);
         let unpaged_free: u64 = self
             .free_segments(None)
             .into_iter()
@@ -765,47 +1134,34 @@ impl<D: Device> Allocator<D> {
             .map(|s| self.arena.segments.get(s).size)
             .sum();
         let cached = unpaged_free + self.free_page_bytes();
-        let estimate = self.stats.bytes.reserved_bytes.saturating_sub(cached).saturating_add(want);
+        let estimate = self.stats.bytes.reserved_bytes.saturating_sub(cached).saturating_add(want + kept);
         if estimate > high_water {
-            return Ok(self.refuse_arena(want, estimate, high_water));
+            return Ok(self.refuse_arena(want + kept, estimate, high_water));
         }
         self.release_cached(&ReclaimDecision { trim: true, ..ReclaimDecision::all() })?;
-        let after = self.stats.bytes.reserved_bytes.saturating_add(want);
+        let after = self.stats.bytes.reserved_bytes.saturating_add(want + kept);
         if after > high_water {
-            return Ok(self.refuse_arena(want, after, high_water));
+            return Ok(self.refuse_arena(want + kept, after, high_water));
         }
-        let pool = self.planned_pool();
-        let base = match self.device.alloc_segment(want) {
-            Ok(b) => b,
-            Err(e) => {
-                self.stats.plan_refused += 1;
-                tracing::warn!(bytes = want, error = %e, "no arena for the plan; its steps stay dynamic");
-                let p = self.planning.as_mut().expect("planning is on");
-                p.refused_arena = p.refused_arena.min(want);
-                p.active = None;
-                p.matched.clear();
-                return Ok(false);
-            }
-        };
-        self.stats.device_alloc_calls += 1;
-        let seg = self.arena.segments.insert(Segment {
-            base,
-            size: want,
-            pool,
-            stream: StreamId(0),
-            first: NIL,
-            born: self.clock,
-        });
-        let block =
-            self.arena.blocks.insert(Block { segment: seg, offset: 0, size: want, prev: NIL, next: NIL, tensor: NIL });
-        self.arena.segments.get_mut(seg).first = block;
-        self.stats.bytes.add_reserved(want);
-        self.arena.pools[pool as usize].gauges.add_reserved(want);
-        self.stats.plan_arena_bytes += want;
-        self.record(ActionKind::SegmentAlloc, base, want, StreamId(0), None);
+        // A cached first-step plan's arena comes with its first request
+        // that is not persistent, once the step so far matched it.
+        if self.planning.as_ref().is_some_and(|p| p.plans[i].first_only) {
+            self.planning.as_mut().expect("planning is on").deferred_arena = want;
+        } else {
+            let Some(arena) = self.new_arena(want)? else { return Ok(false) };
+            self.planning.as_mut().expect("planning is on").arenas.push(arena);
+        }
         let p = self.planning.as_mut().expect("planning is on");
-        p.arenas.push(Arena::new(seg, base, want, block));
         p.trim_pending = true;
+        if kept > 0 {
+            // Without it the persistent requests are misses (the dynamic path).
+            if let Some(k) = self.new_arena(kept)? {
+                let p = self.planning.as_mut().expect("planning is on");
+                p.kept_seg = Some(k.seg);
+                p.arenas.insert(0, k);
+            }
+        }
+        let p = self.planning.as_mut().expect("planning is on");
         let moving = if self.stable_addresses { Vec::new() } else { p.plan_live() };
         p.matched.clear();
         let mut moved = 0;
@@ -818,6 +1174,36 @@ impl<D: Device> Allocator<D> {
         }
         self.release_free_retired()?;
         Ok(true)
+    }
+
+    /// A new arena of `size` bytes from the device; `None` when the device
+    /// refuses it (counted and logged, and plans needing that much are not
+    /// installed again).
+    fn new_arena(&mut self, size: u64) -> Result<Option<Arena>, AllocError> {
+        let pool = self.planned_pool();
+        let base = match self.device.alloc_segment(size) {
+            Ok(b) => b,
+            Err(e) => {
+                self.stats.plan_refused += 1;
+                tracing::warn!(bytes = size, error = %e, "no arena for the plan; its steps stay dynamic");
+                let p = self.planning.as_mut().expect("planning is on");
+                p.refused_arena = p.refused_arena.min(size);
+                p.active = None;
+                p.matched.clear();
+                return Ok(None);
+            }
+        };
+        self.stats.device_alloc_calls += 1;
+        let seg =
+            self.arena.segments.insert(Segment { base, size, pool, stream: StreamId(0), first: NIL, born: self.clock });
+        let block =
+            self.arena.blocks.insert(Block { segment: seg, offset: 0, size, prev: NIL, next: NIL, tensor: NIL });
+        self.arena.segments.get_mut(seg).first = block;
+        self.stats.bytes.add_reserved(size);
+        self.arena.pools[pool as usize].gauges.add_reserved(size);
+        self.stats.plan_arena_bytes += size;
+        self.record(ActionKind::SegmentAlloc, base, size, StreamId(0), None);
+        Ok(Some(Arena::new(seg, base, size, block)))
     }
 
     /// Refuses to install an arena of `want` bytes that would make `reserved`
@@ -867,11 +1253,16 @@ impl<D: Device> Allocator<D> {
     }
 
     /// Releases arenas other than the current one once they are entirely free.
+    /// The kept arena goes too once free, but not during the first step
+    /// (its persistent requests are still to come).
     fn release_free_retired(&mut self) -> Result<(), AllocError> {
         loop {
             let Some(p) = self.planning.as_ref() else { return Ok(()) };
             let n = p.arenas.len();
-            let Some(i) = (0..n.saturating_sub(1)).find(|&i| self.arena_is_free(p.arenas[i].seg)) else {
+            let waiting = |seg: u32| p.steps == 0 && p.kept_seg == Some(seg);
+            let Some(i) =
+                (0..n.saturating_sub(1)).find(|&i| !waiting(p.arenas[i].seg) && self.arena_is_free(p.arenas[i].seg))
+            else {
                 return Ok(());
             };
             let a = self.planning.as_mut().expect("planning is on").arenas.remove(i);
@@ -908,6 +1299,9 @@ impl<D: Device> Allocator<D> {
     }
 
     fn release_arena(&mut self, a: Arena) -> Result<(), AllocError> {
+        if let Some(p) = self.planning.as_mut().filter(|p| p.kept_seg == Some(a.seg)) {
+            p.kept_seg = None;
+        }
         self.device.free_segment(a.base)?;
         self.stats.device_free_calls += 1;
         self.stats.device_syncs += 1;
@@ -961,6 +1355,9 @@ impl<D: Device> Allocator<D> {
         }
         if self.arena.pools.iter().filter(|q| q.planned).any(|q| q.gauges.segments != p.arenas.len() as u64) {
             return bad("planned pool segments and arenas disagree".into());
+        }
+        if p.kept_seg.is_some() && p.arenas.first().map(|a| a.seg) != p.kept_seg {
+            return bad(format!("the kept arena {:?} is not the first arena", p.kept_seg));
         }
         if total != self.stats.plan_arena_bytes {
             return bad(format!("plan_arena_bytes {} but arenas hold {total}", self.stats.plan_arena_bytes));

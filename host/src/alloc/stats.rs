@@ -100,6 +100,7 @@ impl Stats {
             plan_misses: self.plan_misses - earlier.plan_misses,
             plan_refused: self.plan_refused - earlier.plan_refused,
             plan_arena_bytes: self.plan_arena_bytes,
+            plans_loaded: self.plans_loaded - earlier.plans_loaded,
         }
     }
 }
@@ -177,6 +178,8 @@ pub struct Stats {
     pub plan_refused: u64,
     /// Gauge: bytes of the planned arena(s) held.
     pub plan_arena_bytes: u64,
+    /// Plans read from a plan cache (see `alloc::plan_cache`).
+    pub plans_loaded: u64,
 }
 
 /// Durations of "GC pauses": releases of cached memory, each measured as the

@@ -76,6 +76,7 @@ def enable(
     device: str = "cuda",
     sim_capacity: str | int | None = None,
     sim_devices: int | None = None,
+    plan_cache: str | os.PathLike[str] | None = None,
 ) -> None:
     """Installs wasmem as PyTorch's CUDA allocator; call it once, before
     anything uses CUDA.
@@ -92,6 +93,11 @@ def enable(
     - ``trace`` / ``trace_out``: record a trace v1 (written at exit to
       ``trace_out``, or by :func:`dump_trace`);
     - ``history``: keep the last N allocator actions for :func:`snapshot`;
+    - ``plan_cache``: with a planner (``policy="planned"``), read the plans
+      of an earlier run of the same training from this file and keep this
+      run's plans there, so that the next run is planned from its first
+      step (``{rank}`` and ``{device}`` in the path are replaced, one file
+      per process); ``WASMEM_PLAN_CACHE`` does the same;
     - ``patch_torch``: make ``torch.cuda``'s memory functions answer from wasmem;
     - ``device="sim"``: no GPU, nothing installed into PyTorch: the library
       runs on simulated devices (for tests of the bookkeeping).
@@ -133,6 +139,7 @@ def enable(
             trace=True if trace or trace_out else None,
             trace_out=os.fspath(trace_out) if trace_out else None,
             ctl=ctl if ctl else None,
+            plan_cache=os.fspath(plan_cache) if plan_cache else None,
         )
         lib.init(settings)
         if device == "cuda":

@@ -41,6 +41,11 @@ pub enum Command {
         /// (the primary run is unchanged).
         #[arg(long, value_name = "POLICY")]
         shadow: Option<String>,
+        /// Keep the run's plans in FILE and start from the plans there: the
+        /// next run of the same training is planned from its first request
+        /// (a planner is needed, e.g. `--policy planned`; one input only).
+        #[arg(long, value_name = "FILE")]
+        plan_cache: Option<PathBuf>,
     },
     /// Replay traces under several policies side by side.
     Compare {

@@ -126,7 +126,13 @@ fn replay_options(common: &Common) -> Result<ReplayOptions> {
     Ok(ReplayOptions { device, tiers: common.tiers.config()?, ..ReplayOptions::default() })
 }
 
-fn replay(common: Common, policy: String, export: Option<std::path::PathBuf>, shadow: Option<String>) -> Result<()> {
+fn replay(
+    common: Common,
+    policy: String,
+    export: Option<std::path::PathBuf>,
+    shadow: Option<String>,
+    plan_cache: Option<std::path::PathBuf>,
+) -> Result<()> {
     let rt = runtime(common.deadline_ms)?;
     for spec in std::iter::once(&policy).chain(&shadow) {
         session::check_spec(spec, rt)?;
@@ -135,7 +141,10 @@ fn replay(common: Common, policy: String, export: Option<std::path::PathBuf>, sh
     if export.is_some() && ins.len() != 1 {
         bail!("--export-snapshot takes exactly one input ({} given)", ins.len());
     }
-    let opts = ReplayOptions { shadow, export: export.is_some(), ..replay_options(&common)? };
+    if plan_cache.is_some() && ins.len() != 1 {
+        bail!("--plan-cache takes exactly one input ({} given)", ins.len());
+    }
+    let opts = ReplayOptions { shadow, export: export.is_some(), plan_cache, ..replay_options(&common)? };
     let progress = !common.json && std::io::stderr().is_terminal();
     for w in &ins {
         let bar = progress.then(|| {
@@ -406,7 +415,9 @@ fn ctl(socket: Option<std::path::PathBuf>, rank: Option<u32>, cmd: CtlCommand) -
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Command::Replay { common, policy, export_snapshot, shadow } => replay(common, policy, export_snapshot, shadow),
+        Command::Replay { common, policy, export_snapshot, shadow, plan_cache } => {
+            replay(common, policy, export_snapshot, shadow, plan_cache)
+        }
         Command::Compare { common, policies, plot, swap_at } => compare(common, policies, plot, swap_at),
         Command::Policy { cmd } => policy::run(cmd),
         cmd @ Command::Synth { .. } => synth(cmd),

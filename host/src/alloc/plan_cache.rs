@@ -1,0 +1,293 @@
+//! The plan cache: the plans of a run, kept in a file for the next run of
+//! the same training, so that it is planned from its first request.
+//!
+//! ```text
+//!  run 1: step 0 profiled ─► planner ─► first plan (+ which end-live requests are never freed)
+//!         steady steps planned as usual ───────────────► plans
+//!         at a step end where either changed ──────────► FILE (written whole, then renamed)
+//!  run 2: FILE ─► every plan validated again ─► one arena for every plan (the largest), and a
+//!         kept arena for the persistent requests ─► step 0 served from its first request
+//! ```
+//!
+//! A run's first step cannot be learned online: it happens once. The cache
+//! gives it a plan — its temporaries as the planner placed them, and its
+//! requests that stayed live for the whole run (parameters, gradients,
+//! optimizer states: freed after the last step end, or never) packed in an
+//! arena of their own, kept while they live (a run that turns out to be
+//! another training then holds no more than what its own persistent
+//! requests take). The next run serves every step from these two arenas:
+//! its device calls are theirs and its misses', not those of learning on
+//! the dynamic path.
+//!
+//! The file is JSON with one request per line (`[bytes, kind, stream,
+//! freed_at, wraps_to, offset]`), so that an error names a line. A file that
+//! does not parse, is of another format or version, or holds a plan that
+//! fails [`validate_plan`] is refused whole, with its path and what is wrong
+//! (line and column, or the plan and request): the run then learns as if
+//! there were none, and overwrites it.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::decision::{validate_plan, Plan, PlanRequest, StepProfile, PLAN_ALIGN};
+use crate::types::{StreamId, TensorKind};
+
+/// The `format` field of a cache file.
+pub const FORMAT: &str = "wasmem-plan-cache";
+
+/// The version of the cache format this build reads and writes.
+pub const VERSION: u32 = 1;
+
+/// One request of a cached plan: `[bytes, kind, stream, freed_at, wraps_to, offset]`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct Row(u64, TensorKind, u32, Option<u32>, Option<u32>, Option<u64>);
+
+/// The header of a cache file.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Header {
+    format: String,
+    version: u32,
+    align: u64,
+    high_water: u64,
+    /// Plans in the file: the first-step plan (when there is one) then the others.
+    plans: Vec<PlanFile>,
+}
+
+/// One plan of a cache file.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlanFile {
+    /// Whether this is the plan of a run's first step.
+    first: bool,
+    arena_bytes: u64,
+    /// First-step plan: the requests live for the whole run, packed at the
+    /// start of the arena in this order.
+    #[serde(default)]
+    persistent: Vec<u32>,
+    requests: Vec<Row>,
+}
+
+/// A plan as the cache holds it: its profile and the planner's plan (offsets
+/// from 0, without the persistent prefix).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CachedPlan {
+    /// The profiled step's requests.
+    pub profile: StepProfile,
+    /// The planner's plan of them.
+    pub plan: Plan,
+    /// For the first-step plan: requests packed at `[0, P)`, in this order.
+    pub persistent: Vec<u32>,
+}
+
+impl CachedPlan {
+    /// Bytes the persistent requests take when packed.
+    pub fn persistent_bytes(&self) -> u64 {
+        self.persistent.iter().map(|&k| self.profile.requests[k as usize].planned_bytes()).sum()
+    }
+}
+
+/// The content of a cache file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct CacheContent {
+    /// The most bytes the run that made it reserved (step ends): arenas of
+    /// the next run are held to it.
+    pub high_water: u64,
+    /// The plan of a run's first step.
+    pub first: Option<CachedPlan>,
+    /// The other plans.
+    pub plans: Vec<CachedPlan>,
+}
+
+/// Why a cache file was refused.
+#[derive(Debug, thiserror::Error)]
+#[error("plan cache {}: {what}", path.display())]
+pub struct CacheError {
+    /// The file.
+    pub path: PathBuf,
+    /// What is wrong, and where in it.
+    pub what: String,
+    /// The file is not a plan cache at all (it does not parse, or is of
+    /// another format): it is never overwritten.
+    pub foreign: bool,
+}
+
+impl CacheContent {
+    /// Reads and validates `path` for a device of `capacity` bytes;
+    /// `Ok(None)` when there is no such file.
+    pub fn read(path: &Path, capacity: u64) -> Result<Option<Self>, CacheError> {
+        let err = |what: String| CacheError { path: path.to_path_buf(), what, foreign: false };
+        let foreign = |what: String| CacheError { path: path.to_path_buf(), what, foreign: true };
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(foreign(e.to_string())),
+        };
+        let h: Header = serde_json::from_str(&text).map_err(|e| foreign(format!("not a plan cache: {e}")))?;
+        if h.format != FORMAT {
+            return Err(foreign(format!("field `format` is {:?}, not {FORMAT:?}", h.format)));
+        }
+        if h.version != VERSION {
+            return Err(err(format!("field `version` is {}; this build reads version {VERSION}", h.version)));
+        }
+        if h.align != PLAN_ALIGN {
+            return Err(err(format!("field `align` is {}; this build plans at {PLAN_ALIGN}", h.align)));
+        }
+        let mut out = CacheContent { high_water: h.high_water, ..Default::default() };
+        for (i, f) in h.plans.into_iter().enumerate() {
+            let at = |m: String| err(format!("plans[{i}]: {m}"));
+            let (requests, offsets) = f
+                .requests
+                .iter()
+                .map(|r| {
+                    (PlanRequest { bytes: r.0, kind: r.1, stream: StreamId(r.2), freed_at: r.3, wraps_to: r.4 }, r.5)
+                })
+                .unzip();
+            let c = CachedPlan {
+                profile: StepProfile { step: 0, requests },
+                plan: Plan { arena_bytes: f.arena_bytes, offsets },
+                persistent: f.persistent,
+            };
+            validate_plan(&c.profile, &c.plan, capacity).map_err(|e| at(e.0))?;
+            if c.plan.planned() == 0 && c.persistent.is_empty() {
+                return Err(at("plans nothing".into()));
+            }
+            let mut seen = vec![false; c.profile.requests.len()];
+            for (j, &k) in c.persistent.iter().enumerate() {
+                let ok = seen.get(k as usize).is_some_and(|s| !s)
+                    && c.plan.offsets[k as usize].is_none()
+                    && c.profile.requests[k as usize].freed_at.is_none();
+                if !ok {
+                    return Err(at(format!(
+                        "persistent[{j}] = {k}: not a request live at the step's end, unplanned and listed once"
+                    )));
+                }
+                seen[k as usize] = true;
+            }
+            if !f.first && !c.persistent.is_empty() {
+                return Err(at("only the first-step plan has persistent requests".into()));
+            }
+            if f.first {
+                if out.first.is_some() {
+                    return Err(at("a second first-step plan".into()));
+                }
+                out.first = Some(c);
+            } else {
+                out.plans.push(c);
+            }
+        }
+        let kept = out.first.as_ref().map_or(0, CachedPlan::persistent_bytes);
+        let arena = out.arena_bytes();
+        if arena.saturating_add(kept) > capacity {
+            return Err(err(format!("its arenas of {arena} + {kept} bytes exceed the device's {capacity}")));
+        }
+        Ok(Some(out))
+    }
+
+    /// The bytes of the one arena that serves every plan: the largest.
+    pub fn arena_bytes(&self) -> u64 {
+        let top = self.first.iter().chain(&self.plans).map(|c| c.plan.arena_bytes).max().unwrap_or(0);
+        top.div_ceil(PLAN_ALIGN) * PLAN_ALIGN
+    }
+
+    /// Writes the cache to `path` (a sibling temporary file, then renamed,
+    /// so that a reader never sees half a file).
+    pub fn write(&self, path: &Path) -> std::io::Result<()> {
+        let mut out = Vec::new();
+        let header = serde_json::json!({ "format": FORMAT, "version": VERSION, "align": PLAN_ALIGN, "high_water": self.high_water });
+        let header = header.to_string();
+        // `{...,"plans":[` with the header's fields first.
+        write!(out, "{},\"plans\":[", &header[..header.len() - 1])?;
+        let plans = self.first.iter().map(|c| (true, c)).chain(self.plans.iter().map(|c| (false, c)));
+        for (i, (first, c)) in plans.enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            let persistent = serde_json::to_string(&c.persistent).map_err(std::io::Error::other)?;
+            write!(
+                out,
+                "\n{{\"first\":{first},\"arena_bytes\":{},\"persistent\":{persistent},\"requests\":[",
+                c.plan.arena_bytes
+            )?;
+            for (k, (r, off)) in c.profile.requests.iter().zip(&c.plan.offsets).enumerate() {
+                let row = Row(r.bytes, r.kind, r.stream.0, r.freed_at, r.wraps_to, *off);
+                let sep = if k > 0 { "," } else { "" };
+                write!(out, "{sep}\n{}", serde_json::to_string(&row).map_err(std::io::Error::other)?)?;
+            }
+            out.extend_from_slice(b"]}");
+        }
+        out.extend_from_slice(b"]}\n");
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(format!(".tmp{}", std::process::id()));
+        let tmp = PathBuf::from(tmp);
+        std::fs::write(&tmp, &out)?;
+        std::fs::rename(&tmp, path).inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(bytes: u64, freed_at: Option<u32>) -> PlanRequest {
+        PlanRequest { bytes, kind: TensorKind::Temp, stream: StreamId(0), freed_at, wraps_to: None }
+    }
+
+    fn sample() -> CacheContent {
+        let first = CachedPlan {
+            profile: StepProfile { step: 0, requests: vec![req(1000, None), req(512, Some(2)), req(512, Some(3))] },
+            plan: Plan { arena_bytes: 512, offsets: vec![None, Some(0), Some(0)] },
+            persistent: vec![0],
+        };
+        let steady = CachedPlan {
+            profile: StepProfile { step: 0, requests: vec![req(512, Some(1)), req(2048, Some(2))] },
+            plan: Plan { arena_bytes: 2048, offsets: vec![Some(0), Some(0)] },
+            persistent: vec![],
+        };
+        CacheContent { high_water: 1 << 30, first: Some(first), plans: vec![steady] }
+    }
+
+    #[test]
+    fn a_written_cache_reads_back_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plans.json");
+        assert!(CacheContent::read(&path, 1 << 40).unwrap().is_none(), "no file is no cache");
+        let c = sample();
+        c.write(&path).unwrap();
+        let back = CacheContent::read(&path, 1 << 40).unwrap().unwrap();
+        assert_eq!(back, c);
+        // The largest plan (the persistent request has its own arena).
+        assert_eq!(back.arena_bytes(), 2048);
+        // One request per line.
+        assert!(std::fs::read_to_string(&path).unwrap().lines().count() >= 6);
+    }
+
+    #[test]
+    fn a_bad_cache_is_refused_with_where() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plans.json");
+        let check = |text: &str, want: &str| {
+            std::fs::write(&path, text).unwrap();
+            let e = CacheContent::read(&path, 1 << 40).unwrap_err().to_string();
+            assert!(e.contains("plans.json") && e.contains(want), "{e}");
+        };
+        sample().write(&path).unwrap();
+        let good = std::fs::read_to_string(&path).unwrap();
+        check(&good[..good.len() / 2], "line");
+        check(&good.replace("wasmem-plan-cache", "other"), "`format`");
+        check(&good.replace("\"version\":1", "\"version\":9"), "`version`");
+        // Two live requests on the same bytes.
+        check(&good.replace("[512,\"temp\",0,2,null,0]", "[512,\"temp\",0,3,null,0]"), "share bytes");
+        // A persistent request that is freed in the step.
+        check(&good.replace("\"persistent\":[0]", "\"persistent\":[1]"), "persistent[0]");
+        check(&good.replace("\"persistent\":[]", "\"persistent\":[0]"), "plans[1]");
+        // Larger than the device.
+        sample().write(&path).unwrap();
+        let e = CacheContent::read(&path, 3000).unwrap_err().to_string();
+        assert!(e.contains("exceeds"), "{e}");
+    }
+}
