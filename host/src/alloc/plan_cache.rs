@@ -288,6 +288,6 @@ mod tests {
         // Larger than the device.
         sample().write(&path).unwrap();
         let e = CacheContent::read(&path, 3000).unwrap_err().to_string();
-        assert!(e.contains("exceeds"), "{e}");
+        assert!(e.contains("exceed"), "{e}");
     }
 }
