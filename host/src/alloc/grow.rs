@@ -9,9 +9,9 @@
 //!  ── the device is full ──
 //!  4. drain deferred frees  wait for the streams, so that every pending free completes
 //!  5. reclaim (AllocFailed) unless releasing everything cached could not make room; may stitch
-//!  6. new segment           again, idle planned arenas given back first, then one of just the
-//!                           rounded request when the placement's is larger; otherwise out of
-//!                           memory, unless the tiers are enabled:
+//!  6. new segment           again, idle planned arenas given back first, then (without tiers)
+//!                           one of just the rounded request when the placement's is larger;
+//!                           otherwise out of memory, unless the tiers are enabled:
 //!  7. compact               once: move live blocks into denser segments; a cached block may fit
 //!  8. evict                 the eviction policy's victims leave one at a time until a cached block
 //!                           fits or the segment can be obtained; free pages are released; then 1.
@@ -120,12 +120,13 @@ impl<D: Device> Allocator<D> {
             }
         }
         // 6. A new segment again, after giving back idle planned arenas;
-        // then the least segment the request fits in (the placement's may
-        // be larger than what is left, e.g. next to a planned arena).
+        // then, without tiers (which evict instead), the least segment the
+        // request fits in (the placement's may be larger than what is
+        // left, e.g. next to a planned arena).
         self.release_idle_arenas()?;
         let least = if page > 0 { round_up(g.rounded, page).unwrap_or(g.rounded) } else { g.rounded };
         let again = match self.new_segment(g.pool, segment, page, &req) {
-            Err(AllocError::Device(DeviceError::OutOfMemory { .. })) if least < segment => {
+            Err(AllocError::Device(DeviceError::OutOfMemory { .. })) if least < segment && self.tiers.is_none() => {
                 self.new_segment(g.pool, least, page, &req)
             }
             other => other,
