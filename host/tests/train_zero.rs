@@ -14,7 +14,6 @@ use wasmem::shard::{Plan, ZeroConfig};
 use wasmem::trace::Event;
 use wasmem::train::session::swap_policy;
 use wasmem::train::{TrainConfig, TrainError, Trainer};
-use wasmem::types::MIB;
 
 fn small() -> ModelSpec {
     ModelSpec {
@@ -174,7 +173,7 @@ fn a_panicking_rank_fails_every_rank_quickly() {
 #[test]
 fn a_rank_out_of_memory_fails_every_rank_with_its_error() {
     // Rank 1's device cannot hold its model states.
-    let e = Trainer::new(cfg(1, 4, false, 3), allocators(4, |r| if r == 1 { MIB } else { 8 << 30 }))
+    let e = Trainer::new(cfg(1, 4, false, 3), allocators(4, |r| if r == 1 { 64 << 10 } else { 8 << 30 }))
         .unwrap()
         .run()
         .unwrap_err();
