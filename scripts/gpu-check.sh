@@ -195,6 +195,21 @@ for pol in defrag planned; do
         esac
     fi
 done
+# 4c. `planned` twice with a plan cache (WASMEM_PLAN_CACHE): the first run writes it, the second
+# is served from planned offsets from its first allocation (its device calls: its arenas').
+for pass in cold warm; do
+    if [ "$torch_rc" = 0 ] && [ -x "$TORCH_PY" ] && [ -f "${CAPI_LIB:-}" ]; then
+        say "running the PyTorch example with --policy planned and a plan cache ($pass)"
+        mkdir -p "$TORCH_OUT/planned-cache-$pass"
+        WASMEM_PLAN_CACHE="$TORCH_OUT/plans.json" timeout 200 "$TORCH_PY" examples/pytorch/train.py --compare \
+            --policy planned --lib "$CAPI_LIB" --out "$TORCH_OUT/planned-cache-$pass" 2>&1 | log pytorch-planned-cache-$pass.log
+        torch_rc=$?
+        case $torch_rc in
+            0) torch_status="$torch_status; planned with a plan cache ($pass): losses match" ;;
+            *) torch_status="$torch_status; planned with a plan cache ($pass): FAILED (rc $torch_rc)" ;;
+        esac
+    fi
+done
 say "PyTorch example: $torch_status"
 # Add the comparison to gpu-check.json (any Python will do).
 MERGE_PY=$TORCH_PY
