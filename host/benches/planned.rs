@@ -15,7 +15,7 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, Criterion};
 use wasmem::alloc::Allocator;
 use wasmem::builtin::GreedyPlanner;
-use wasmem::decision::{PlanRequest, StepProfile};
+use wasmem::decision::{validate_plan, PlanRequest, StepProfile};
 use wasmem::device::sim::SimDevice;
 use wasmem::types::{Phase, StreamId, TensorId, TensorKind, GIB, KIB, MIB};
 
@@ -126,6 +126,11 @@ fn plan_50k(c: &mut Criterion) {
     let mut g = c.benchmark_group("plan");
     g.sample_size(10);
     g.bench_function("greedy_50k_requests", |b| b.iter(|| black_box(GreedyPlanner::plan_profile(black_box(&p)))));
+    // Checking a plan: what every plan made or read from a plan cache costs.
+    let plan = GreedyPlanner::plan_profile(&p);
+    g.bench_function("validate_50k_requests", |b| {
+        b.iter(|| validate_plan(black_box(&p), black_box(&plan), u64::MAX).expect("valid"))
+    });
     g.finish();
 }
 

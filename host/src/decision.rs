@@ -464,7 +464,7 @@ pub fn validate_plan(profile: &StepProfile, plan: &Plan, max_arena: u64) -> Resu
     }
     let n = u32::try_from(reqs.len()).map_err(|_| InvalidDecision("more than 2^32 requests".into()))?;
     // (time, is_start, offset, end offset, request)
-    let mut events: Vec<(u32, bool, u64, u64, u32)> = Vec::new();
+    let mut events: Vec<(u32, bool, u64, u64, u32)> = Vec::with_capacity(2 * reqs.len());
     for (k, (r, off)) in reqs.iter().zip(&plan.offsets).enumerate() {
         let Some(off) = *off else { continue };
         if !r.plannable(k as u32) {
@@ -489,11 +489,27 @@ pub fn validate_plan(profile: &StepProfile, plan: &Plan, max_arena: u64) -> Resu
             }
         }
     }
-    // Ends before starts at the same time: a block freed before request t is
-    // free for it.
-    events.sort_unstable_by_key(|&(t, start, off, _, k)| (t, start, off, k));
+    // In time order, ends before starts at the same time (a block freed
+    // before request t is free for it): a counting sort by (time, start),
+    // times being at most n. The order within one slot does not matter: a
+    // block is checked against the active one nearest below its end, which
+    // finds an overlap with any of them.
+    let slot = |t: u32, start: bool| 2 * t as usize + usize::from(start);
+    let mut at = vec![0u32; 2 * n as usize + 3];
+    for &(t, start, ..) in &events {
+        at[slot(t, start) + 1] += 1;
+    }
+    for i in 1..at.len() {
+        at[i] += at[i - 1];
+    }
+    let mut sorted = vec![(0u32, false, 0u64, 0u64, 0u32); events.len()];
+    for &e in &events {
+        let i = &mut at[slot(e.0, e.1)];
+        sorted[*i as usize] = e;
+        *i += 1;
+    }
     let mut active: std::collections::BTreeMap<u64, (u64, u32)> = std::collections::BTreeMap::new();
-    for (_, start, off, end, k) in events {
+    for (_, start, off, end, k) in sorted {
         if !start {
             active.remove(&off);
             continue;

@@ -120,12 +120,12 @@ impl CacheContent {
     pub fn read(path: &Path, capacity: u64) -> Result<Option<Self>, CacheError> {
         let err = |what: String| CacheError { path: path.to_path_buf(), what, foreign: false };
         let foreign = |what: String| CacheError { path: path.to_path_buf(), what, foreign: true };
-        let text = match std::fs::read_to_string(path) {
-            Ok(t) => t,
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(foreign(e.to_string())),
         };
-        let h: Header = serde_json::from_str(&text).map_err(|e| foreign(format!("not a plan cache: {e}")))?;
+        let h: Header = serde_json::from_slice(&bytes).map_err(|e| foreign(format!("not a plan cache: {e}")))?;
         if h.format != FORMAT {
             return Err(foreign(format!("field `format` is {:?}, not {FORMAT:?}", h.format)));
         }

@@ -104,11 +104,19 @@ impl StoredPlan {
     /// A stored plan of `c` in an arena of at least `arena` bytes; the
     /// persistent requests of a first-step plan are packed, in their order,
     /// in the kept arena (their offsets marked [`KEPT`]).
-    fn of(c: &CachedPlan, arena: u64, first_only: bool, keep: bool, now: u64) -> Self {
-        let reqs = &c.profile.requests;
-        let mut offsets = c.plan.offsets.clone();
+    fn of(c: &CachedPlan, arena: u64, first_only: bool, now: u64) -> Self {
+        Self::build(&c.profile.requests, &c.plan, &c.persistent, arena, first_only, now)
+    }
+
+    /// A stored plan of `plan` for `profile`, not kept for a plan cache.
+    fn of_profile(profile: &StepProfile, plan: &Plan, arena: u64, now: u64) -> Self {
+        Self::build(&profile.requests, plan, &[], arena, false, now)
+    }
+
+    fn build(reqs: &[PlanRequest], plan: &Plan, persistent: &[u32], arena: u64, first_only: bool, now: u64) -> Self {
+        let mut offsets = plan.offsets.clone();
         let mut at = 0;
-        for &k in &c.persistent {
+        for &k in persistent {
             offsets[k as usize] = Some(at | KEPT);
             at += reqs[k as usize].planned_bytes();
         }
@@ -117,14 +125,19 @@ impl StoredPlan {
             offsets,
             kept_bytes: at,
             used: false,
-            arena_bytes: arena.max(c.plan.arena_bytes).div_ceil(PLAN_ALIGN) * PLAN_ALIGN,
+            arena_bytes: arena.max(plan.arena_bytes).div_ceil(PLAN_ALIGN) * PLAN_ALIGN,
             known: reqs.iter().enumerate().filter(|(k, r)| r.plannable(*k as u32)).count(),
-            install_at: install_point(reqs, &c.plan.offsets).0,
+            install_at: install_point(reqs, &plan.offsets).0,
             last_used: now,
             first_only,
             from_cache: false,
-            cached: keep.then(|| Box::new(c.clone())),
+            cached: None,
         }
+    }
+
+    /// The same, keeping `c` for the plan cache.
+    fn keeping(self, c: CachedPlan) -> Self {
+        StoredPlan { cached: Some(Box::new(c)), ..self }
     }
 }
 
@@ -939,7 +952,8 @@ impl<D: Device> Allocator<D> {
                 p.common_arena = 0;
                 for q in p.plans.iter_mut().filter(|q| !q.first_only) {
                     if let Some(c) = q.cached.take() {
-                        *q = StoredPlan { from_cache: q.from_cache, ..StoredPlan::of(&c, 0, false, true, q.last_used) };
+                        let again = StoredPlan::of(&c, 0, false, q.last_used).keeping(*c);
+                        *q = StoredPlan { from_cache: q.from_cache, ..again };
                     }
                 }
             }
@@ -1026,12 +1040,14 @@ impl<D: Device> Allocator<D> {
     fn make_plan(&mut self, profile: &StepProfile) -> Result<(), AllocError> {
         let Some(plan) = self.ask_planner(profile)? else { return Ok(()) };
         let p = self.planning.as_mut().expect("planning is on");
-        let c = CachedPlan {
-            profile: StepProfile { step: profile.step, requests: profile.requests.clone() },
-            plan,
-            persistent: Vec::new(),
+        // The profile is copied only for a plan cache (its buffer serves the next step).
+        let c = CachedPlan { profile: StepProfile::default(), plan, persistent: Vec::new() };
+        let stored = if p.cache.is_some() {
+            let c = CachedPlan { profile: StepProfile { step: profile.step, requests: profile.requests.clone() }, ..c };
+            StoredPlan::of(&c, p.common_arena, false, p.steps).keeping(c)
+        } else {
+            StoredPlan::of_profile(profile, &c.plan, p.common_arena, p.steps)
         };
-        let stored = StoredPlan::of(&c, p.common_arena, false, p.cache.is_some(), p.steps);
         p.store(stored);
         if let Some(cache) = p.cache.as_mut() {
             cache.dirty = true;
@@ -1087,11 +1103,12 @@ impl<D: Device> Allocator<D> {
         let now = p.steps;
         let mut n = 0;
         if let Some(f) = content.first.as_ref().filter(|_| p.steps == 0) {
-            p.plans.push(StoredPlan { from_cache: true, ..StoredPlan::of(f, p.common_arena, true, false, now) });
+            p.plans.push(StoredPlan { from_cache: true, ..StoredPlan::of(f, p.common_arena, true, now) });
             n += 1;
         }
-        for c in &content.plans {
-            p.store(StoredPlan { from_cache: true, ..StoredPlan::of(c, p.common_arena, false, true, now) });
+        for c in content.plans {
+            let stored = StoredPlan::of(&c, p.common_arena, false, now).keeping(c);
+            p.store(StoredPlan { from_cache: true, ..stored });
             n += 1;
         }
         p.cache.as_mut().expect("set").first = content.first;
