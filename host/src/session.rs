@@ -162,6 +162,11 @@ pub fn check_spec(spec: &str, loader: &dyn PartLoader) -> Result<(), SessionErro
     resolve(spec, loader).map(|_| ()).map_err(spec_err(spec))
 }
 
+/// Whether `spec` resolves to policies with a planner (planned placement).
+pub fn has_planner(spec: &str, loader: &dyn PartLoader) -> Result<bool, SessionError> {
+    resolve(spec, loader).map(|r| r.planner.is_some()).map_err(spec_err(spec))
+}
+
 /// Replays `workload` under `policy` with `opts`; `progress` is called with
 /// the event count every 65,536 events.
 pub fn run(

@@ -132,6 +132,15 @@ fn replay_with_a_plan_cache_plans_the_next_run_from_its_start() {
     cmd.args(["replay", "--json", "--policy", "pytorch"]).arg(&trace);
     let pytorch = json_lines(&mut cmd).remove(0);
     assert!(u(&warm, "device_alloc_calls") <= u(&pytorch, "device_alloc_calls"), "{warm}\n{pytorch}");
+    // `compare`: the policy with a planner runs warm beside the others.
+    let mut cmd = wasmem();
+    cmd.args(["compare", "--json", "--policy", "planned", "--policy", "pytorch", "--plan-cache"])
+        .arg(&cache)
+        .arg(&trace);
+    let runs = json_lines(&mut cmd);
+    assert!(u(&runs[0], "plans_loaded") >= 2 && u(&runs[0], "plan_misses") == 0, "{}", runs[0]);
+    assert_eq!(u(&runs[1], "plans_loaded"), 0);
+    assert!(u(&runs[0], "device_alloc_calls") <= u(&runs[1], "device_alloc_calls"));
     // One input only, a planner needed, and a file that is not a cache is refused and kept.
     let fail = |args: &[&str], want: &str| {
         let out = wasmem().args(args).output().unwrap();
@@ -141,6 +150,12 @@ fn replay_with_a_plan_cache_plans_the_next_run_from_its_start() {
     let (t, c) = (trace.to_str().unwrap(), cache.to_str().unwrap());
     fail(&["replay", "--policy", "planned", "--plan-cache", c, t, t], "--plan-cache takes exactly one input");
     fail(&["replay", "--policy", "defrag", "--plan-cache", c, t], "needs planned placement");
+    fail(
+        &["compare", "--policy", "planned", "--policy", "greedy-planner+defrag", "--plan-cache", c, t],
+        "one may use the cache",
+    );
+    fail(&["compare", "--policy", "pytorch", "--plan-cache", c, t], "no --policy has a planner");
+    fail(&["compare", "--policy", "planned", "--plan-cache", c, t, t], "--plan-cache takes exactly one input");
     let before = std::fs::read(&trace).unwrap();
     fail(&["replay", "--policy", "planned", "--plan-cache", t, t], "not a plan cache");
     assert_eq!(std::fs::read(&trace).unwrap(), before, "a file that is not a plan cache was overwritten");

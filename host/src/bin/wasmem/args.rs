@@ -60,6 +60,11 @@ pub enum Command {
         /// Hot-swap every policy to POLICY before event EVENT (0-based) and report both halves.
         #[arg(long, value_name = "EVENT:POLICY", value_parser = parse_swap)]
         swap_at: Option<(u64, String)>,
+        /// The policy with a planner (at most one) starts from the plans in FILE
+        /// and keeps its plans there, the others run as they are: a warm planned
+        /// run beside them (one input only).
+        #[arg(long, value_name = "FILE")]
+        plan_cache: Option<PathBuf>,
     },
     /// Plan each workload as a whole, knowing every lifetime in advance (the
     /// offline bound of planned placement, like `belady` for eviction): the

@@ -185,6 +185,7 @@ fn compare(
     policies: Vec<String>,
     plot: Option<std::path::PathBuf>,
     swap_at: Option<(u64, String)>,
+    plan_cache: Option<std::path::PathBuf>,
 ) -> Result<()> {
     if policies.is_empty() {
         bail!("give at least one --policy");
@@ -199,13 +200,32 @@ fn compare(
         swap: swap_at.clone(),
         ..replay_options(&common)?
     };
+    // The plan cache goes to the one policy with a planner.
+    let mut planned = Vec::new();
+    if plan_cache.is_some() {
+        if ins.len() != 1 {
+            bail!("--plan-cache takes exactly one input ({} given)", ins.len());
+        }
+        for (i, spec) in policies.iter().enumerate() {
+            if session::has_planner(spec, rt)? {
+                planned.push(i);
+            }
+        }
+        match planned.len() {
+            0 => bail!("--plan-cache: no --policy has a planner (e.g. `planned`)"),
+            1 => {}
+            _ => bail!("--plan-cache: {} policies have a planner; one may use the cache", planned.len()),
+        }
+    }
+    let cached = ReplayOptions { plan_cache: plan_cache.clone(), ..opts.clone() };
+    let opts_of = |p: usize| if planned.contains(&p) { &cached } else { &opts };
     if policies.len() > 1 {
         // One parse per trace file, then every run reads the cache entry.
         ins.par_iter().try_for_each(|w| w.fill_cache().map(|_| ()))?;
     }
     let pairs: Vec<(usize, usize)> = (0..ins.len()).flat_map(|t| (0..policies.len()).map(move |p| (t, p))).collect();
     let results: Vec<Result<ReplayOutcome, session::SessionError>> =
-        pairs.par_iter().map(|&(t, p)| session::run(&ins[t], &policies[p], &opts, rt, &|_| {})).collect();
+        pairs.par_iter().map(|&(t, p)| session::run(&ins[t], &policies[p], opts_of(p), rt, &|_| {})).collect();
     let mut it = results.into_iter();
     let mut charts: Vec<Vec<ReplayOutcome>> = Vec::new();
     for _ in &ins {
@@ -418,7 +438,9 @@ fn run(cli: Cli) -> Result<()> {
         Command::Replay { common, policy, export_snapshot, shadow, plan_cache } => {
             replay(common, policy, export_snapshot, shadow, plan_cache)
         }
-        Command::Compare { common, policies, plot, swap_at } => compare(common, policies, plot, swap_at),
+        Command::Compare { common, policies, plot, swap_at, plan_cache } => {
+            compare(common, policies, plot, swap_at, plan_cache)
+        }
         Command::Policy { cmd } => policy::run(cmd),
         cmd @ Command::Synth { .. } => synth(cmd),
         Command::Train(t) => train(t),
