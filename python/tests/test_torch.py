@@ -160,3 +160,28 @@ except wt.WasmemError as e:
 """
     )
     assert "call wasmem.torch.enable() first" in p.stdout
+
+
+def test_enable_takes_a_plan_cache(tmp_path):
+    # enable(plan_cache=…) reaches the library: the second process is served
+    # from the plans the first one kept (`{rank}` replaced by RANK).
+    code = f"""
+import json, wasmem.torch as wt
+from wasmem import capi
+wt.enable(policy="planned", device="sim", sim_capacity="1GiB", plan_cache={str(tmp_path / "p{rank}.json")!r})
+lib = capi.library()
+MIB = 1 << 20
+with wt.kind("param"):
+    params = [lib.malloc((2 + k) * MIB, 0) for k in range(3)]
+for step in range(4):
+    acts = [lib.malloc((3 + k) * MIB, 0) for k in range(5)]
+    for k, a in reversed(list(enumerate(acts))):
+        lib.free(a, (3 + k) * MIB, 0)
+    lib.phase("step_end", step)
+print(json.dumps(lib.stats()))
+"""
+    cold = last_json(run_py(code, {"RANK": "5"}))
+    assert (tmp_path / "p5.json").is_file()
+    warm = last_json(run_py(code, {"RANK": "5"}))
+    assert (cold["policy"], cold["plans_loaded"]) == ("planned", 0)
+    assert warm["plans_loaded"] >= 1 and warm["plan_misses"] == 0 and warm["device_alloc_calls"] <= 2, warm
