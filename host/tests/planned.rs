@@ -522,6 +522,43 @@ fn a_plan_cache_plans_the_next_run_from_its_first_request() {
 }
 
 #[test]
+fn a_request_the_cached_first_step_lacks_still_gets_a_warm_run() {
+    // The warm run's first step has one request more than the one that made
+    // the cache (a workspace, say), after 12 persistent requests and a few
+    // matched ones: the plan still serves the step; only that request misses.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plans.json");
+    let template = training_step(6, 3 * MIB);
+    cached_run("planned", &template, 4, Some(&path));
+    let mut first = first_step(&template);
+    // Before the first activation (after the 6 parameters): freed at once.
+    first.insert(6, Req { bytes: 5 * MIB + 12 * KIB, kind: TensorKind::Temp, free_at: 7 });
+    for r in first.iter_mut().skip(7) {
+        if r.free_at < usize::MAX / 2 {
+            r.free_at += 1;
+        }
+    }
+    let warm = |first: &[Req]| {
+        let mut r = Run::new("planned", 4 * GIB);
+        assert!(r.a.use_plan_cache(&path).unwrap() >= 2, "the plans were not all written back");
+        let d0 = r.step(first);
+        let later: Vec<Stats> = (1..4).map(|_| r.step(&template)).collect();
+        r.finish();
+        (d0, later)
+    };
+    let (d0, later) = warm(&first);
+    assert_eq!((d0.plan_hits, d0.plan_misses), (first.len() as u64 - 1, 1), "{d0:?}");
+    // The two arenas, and the one request on the dynamic path (a paged segment).
+    assert!(d0.device_alloc_calls <= 2 + 10, "{d0:?}");
+    for d in &later {
+        assert_eq!((d.plan_misses, d.device_alloc_calls), (0, 0), "{d:?}");
+    }
+    // That run learned its first step again: the next one misses nothing.
+    let (d0, _) = warm(&first);
+    assert_eq!((d0.plan_misses, d0.device_alloc_calls), (0, 2), "{d0:?}");
+}
+
+#[test]
 fn a_plan_cache_of_another_training_is_left_and_replaced() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("plans.json");

@@ -158,6 +158,8 @@ struct CacheState {
     dirty: bool,
     /// A write failed (warned once).
     write_failed: bool,
+    /// The file was written in this run.
+    written: bool,
 }
 
 /// Marks a planned offset in the kept arena: the one of the persistent
@@ -434,7 +436,13 @@ impl Planning {
         self.matched.clear();
         if let Some(i) = self.active {
             self.plans[i].last_used = self.steps;
-            self.plans[i].used = true;
+            if !std::mem::replace(&mut self.plans[i].used, true) && self.plans[i].from_cache {
+                // A cached plan serves this run: if the file was rewritten
+                // without it (it was not used yet), it goes back at this step's end.
+                if let Some(c) = self.cache.as_mut().filter(|c| c.written) {
+                    c.dirty = true;
+                }
+            }
             self.installing = self.plans[i].arena_bytes > self.arena_size();
         }
     }
@@ -694,14 +702,18 @@ impl<D: Device> Allocator<D> {
     }
 
     /// The arena of a cached first-step plan, at its first request that is
-    /// not persistent: allocated when every request of the step so far was
-    /// a hit; otherwise the plan is left (the run is another training) and
-    /// no arena was spent on it. Returns whether the arena is there.
+    /// not persistent: allocated when the step so far matched it (at most
+    /// two misses, and four hits for each); otherwise the plan is left
+    /// (the run is another training) and no arena was spent on it. Returns
+    /// whether the arena is there.
     #[cold]
     fn open_deferred_arena(&mut self) -> Result<bool, AllocError> {
         let p = self.planning.as_mut().expect("planning is on");
         let want = std::mem::take(&mut p.deferred_arena);
-        if p.step_misses > 0 {
+        // A request or two the plan lacks (a workspace the recorded run did
+        // not have) among many matched ones is the same training.
+        let (hits, misses) = (p.step_hits, p.step_misses);
+        if misses > 2 || hits < 4 * misses {
             p.leave_first();
             return Ok(false);
         }
@@ -983,6 +995,7 @@ impl<D: Device> Allocator<D> {
         let content = p.cache_content().expect("a cache");
         let c = p.cache.as_mut().expect("checked");
         c.dirty = false;
+        c.written = true;
         match content.write(&c.path) {
             Ok(()) => tracing::debug!(path = %c.path.display(), plans = content.plans.len(), "plan cache written"),
             Err(e) if !c.write_failed => {
@@ -1095,6 +1108,7 @@ impl<D: Device> Allocator<D> {
             first_stale: false,
             dirty: false,
             write_failed: false,
+            written: false,
         }));
         let Some(content) = content else { return Ok(0) };
         p.forget_plans();
