@@ -522,6 +522,51 @@ fn a_plan_cache_plans_the_next_run_from_its_first_request() {
 }
 
 #[test]
+fn what_the_first_step_leaves_live_lies_where_the_steady_plan_expects_it() {
+    // `out = model(x)` keeps a step's logits until the next step's forward
+    // replaces them, and the first step also has what it does once (a
+    // buffer live through its forward). In a warm run the
+    // logits left by the first step lie at the steady plan's offset for
+    // them, out of the way of the next step's requests: nothing misses.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plans.json");
+    let mut template = training_step(6, 3 * MIB);
+    let n = template.len() + 1;
+    template.push(Req { bytes: 9 * MIB + 4 * KIB, kind: TensorKind::Activation, free_at: n + 8 });
+    let mut first = first_step(&template);
+    first.insert(6, Req { bytes: 20 * MIB, kind: TensorKind::Temp, free_at: 7 + 15 });
+    for r in first.iter_mut().skip(7) {
+        if r.free_at < usize::MAX / 2 {
+            r.free_at += 1;
+        }
+    }
+    let run = |steps: usize| {
+        let mut r = Run::new("planned", 4 * GIB);
+        r.a.use_plan_cache(&path).unwrap();
+        let per: Vec<Stats> = (0..steps).map(|i| r.step(if i == 0 { &first } else { &template })).collect();
+        let s = r.a.stats();
+        r.finish();
+        (s, per)
+    };
+    run(5);
+    let (warm, per) = run(5);
+    assert_eq!(warm.plan_misses, 0, "{:?}", per.iter().map(|s| (s.plan_hits, s.plan_misses)).collect::<Vec<_>>());
+    assert_eq!(per[1].plan_hits, template.len() as u64);
+    assert_eq!((warm.device_alloc_calls, warm.device_free_calls), (2, 0), "{warm:?}");
+    // In the file: the first step's logits at the steady plan's offset.
+    let text = std::fs::read_to_string(&path).unwrap();
+    let cache: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let plans = cache["plans"].as_array().unwrap();
+    let offset_of_last = |p: &serde_json::Value, k: usize| p["requests"][k][5].as_u64();
+    let f = plans.iter().find(|p| p["first"] == true).unwrap();
+    let s = plans.iter().find(|p| p["first"] == false && p["requests"].as_array().unwrap().len() == n).unwrap();
+    let logits_in_first = first.len() - 7;
+    assert_eq!(f["requests"][logits_in_first][0].as_u64(), Some(9 * MIB + 4 * KIB));
+    assert!(offset_of_last(s, n - 1).is_some());
+    assert_eq!(offset_of_last(f, logits_in_first), offset_of_last(s, n - 1));
+}
+
+#[test]
 fn a_request_the_cached_first_step_lacks_still_gets_a_warm_run() {
     // The warm run's first step has one request more than the one that made
     // the cache (a workspace, say), after 12 persistent requests and a few

@@ -176,3 +176,98 @@ print(json.dumps(rec.stats()))
     assert recount(events)[0] == last_json(p)["peak_live_bytes"]
     assert any(e["op"] == "phase" and e["name"] == "step_end" for e in events)
     assert "after:" in p.stdout
+
+
+PLAN_AHEAD = """
+import json, torch, transformers
+from wasmem.torch import Recorder
+with Recorder(device="meta") as rec:
+    model = {model}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    rec.track(model, opt)
+    for step in range(3):
+        ids = torch.randint(0, 1000, (2, 64))
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    rec.save({trace!r})
+    figures = rec.plan_ahead({cache!r}, capacity="1GiB")
+print(json.dumps(figures))
+"""
+
+# A live process making the recorded requests through the C ABI, as a GPU
+# run of the same training would (the sim device stands in for the GPU).
+LIVE = """
+import gzip, json
+from wasmem import capi
+lib = capi.library()
+settings = {{"device": "sim", "policy": "planned", "sim_capacity": "1GiB"}}
+if {cache!r}:
+    settings["plan_cache"] = {cache!r}
+lib.init(settings)
+ptr = {{}}
+with gzip.open({trace!r}, "rt") as f:
+    next(f)
+    for line in f:
+        e = json.loads(line)
+        if e["op"] == "alloc":
+            lib.set_kind(e["kind"])
+            ptr[e["id"]] = (lib.malloc(e["bytes"], 0, e.get("stream", 0)), e["bytes"])
+        elif e["op"] == "free":
+            p, n = ptr.pop(e["id"])
+            lib.free(p, n)
+        elif e["op"] == "retag":
+            lib.retag(ptr[e["id"]][0], 0, e["kind"])
+        elif e["op"] == "phase":
+            lib.phase(e["name"], e["step"])
+print(json.dumps(lib.stats()))
+"""
+
+
+def test_plan_ahead_plans_the_first_live_run_from_its_first_request(tmp_path):
+    # Record two layers of GPT-2 on the meta device, plan ahead from it, and
+    # start the first live process of that training from the cache: it is
+    # planned from its first request, without ever learning on the device.
+    trace, template = tmp_path / "gpt2.jsonl.gz", tmp_path / "plans.rank{rank}.json"
+    figures = last_json(run_py(PLAN_AHEAD.format(model=MODELS["gpt2"], trace=str(trace), cache=str(template)),
+                               {"RANK": "3"}))
+    cache = tmp_path / "plans.rank3.json"
+    assert figures["plan_cache"] == str(cache) and cache.is_file(), figures
+    assert figures["plans"] >= 2 and figures["steps"] == 3 and figures["plan_refused"] == 0, figures
+    first = last_json(run_py(LIVE.format(cache=str(template), trace=str(trace)), {"RANK": "3"}))
+    cold = last_json(run_py(LIVE.format(cache="", trace=str(trace))))
+    assert first["plans_loaded"] == figures["plans"] and first["plan_misses"] * 20 < first["plan_hits"], first
+    assert first["plan_hits"] > cold["plan_hits"], (first, cold)
+    assert first["device_alloc_calls"] <= 3 < cold["device_alloc_calls"], (first, cold)
+    assert first["peak_reserved_bytes"] <= cold["peak_reserved_bytes"], (first, cold)
+    print("plan ahead:", figures, "first live run:", {k: first[k] for k in ("device_alloc_calls", "plan_hits", "plan_misses")}, "cold:", {k: cold[k] for k in ("device_alloc_calls", "plan_hits", "plan_misses")})
+
+
+def test_plan_ahead_refuses_what_cannot_plan(tmp_path):
+    foreign = tmp_path / "notes.json"
+    foreign.write_text('{"mine": true}\n')
+    o = last_json(run_py(f"""
+import json, torch
+from wasmem import WasmemError
+from wasmem.torch import Recorder
+out = {{}}
+with Recorder(device="meta") as rec:
+    x = torch.empty(1000)
+    for name, kw in [("no_steps", {{"plan_cache": {str(tmp_path / "p.json")!r}}}),
+                     ("foreign", {{"plan_cache": {str(foreign)!r}}}),
+                     ("no_planner", {{"plan_cache": {str(tmp_path / "q.json")!r}, "policy": "pytorch"}}),
+                     ("bad_capacity", {{"plan_cache": {str(tmp_path / "r.json")!r}, "capacity": "lots"}})]:
+        try:
+            rec.plan_ahead(**kw)
+            out[name] = "planned"
+        except WasmemError as e:
+            out[name] = str(e)
+print(json.dumps(out))
+"""))
+    assert "no plan" in o["no_steps"] and "two steps" in o["no_steps"], o
+    assert "not a plan cache" in o["foreign"] and "not overwritten" in o["foreign"], o
+    assert foreign.read_text() == '{"mine": true}\n'
+    assert "no planner" in o["no_planner"], o
+    assert "capacity" in o["bad_capacity"], o
+    assert not (tmp_path / "p.json").exists() and not (tmp_path / "q.json").exists()

@@ -95,6 +95,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "wasmem_recorder_phase": (_c.c_int, [_c.c_int64, _c.c_char_p, _c.c_uint64]),
     "wasmem_recorder_save": (_c.c_int, [_c.c_int64, _c.c_char_p]),
     "wasmem_recorder_stats": (_c.c_int, [_c.c_int64, _c.c_char_p, _c.c_size_t]),
+    "wasmem_recorder_plan": (_c.c_int, [_c.c_int64, _c.c_char_p]),
     "wasmem_recorder_close": (_c.c_int, [_c.c_int64]),
 }
 
@@ -269,6 +270,11 @@ class Library:
         if f(h, None, 0) < 0:
             raise self._fail("recorder stats")
         return json.loads(self._text(lambda buf, n: f(h, buf, n)))
+
+    def recorder_plan(self, h: int, options: dict[str, Any]) -> dict[str, Any]:
+        """Plans ahead from the recorder's trace into a plan cache; returns the figures."""
+        self._check(self._f("wasmem_recorder_plan")(h, json.dumps(options).encode()), "planning ahead")
+        return self.recorder_stats(h)["plan"]
 
     def recorder_close(self, h: int) -> None:
         """Closes a recorder."""

@@ -547,6 +547,26 @@ pub unsafe extern "C" fn wasmem_recorder_stats(h: i64, buf: *mut c_char, len: us
     })
 }
 
+/// Plans ahead from recorder `h`: replays its trace so far under a policy
+/// with a planner on a simulated device, and writes the plans to a plan
+/// cache that a live run reads to be planned from its first request.
+/// `options` is a JSON object: `plan_cache` (required; `{rank}` and
+/// `{device}` are replaced), `policy` (default `planned`), `capacity`
+/// (bytes or a size string; default 80 GiB), `device` (ordinal for
+/// `{device}`). The run's figures appear under `plan` in
+/// [`wasmem_recorder_stats`]. Returns 0, or -1.
+///
+/// # Safety
+/// `options` is null or a NUL-terminated string valid for the call.
+#[no_mangle]
+pub unsafe extern "C" fn wasmem_recorder_plan(h: i64, options: *const c_char) -> c_int {
+    guard("wasmem_recorder_plan", -1, || {
+        // SAFETY: this function's contract.
+        let options = unsafe { c_text(options, "options") }?;
+        recorder::plan(h, options).map(|_| 0)
+    })
+}
+
 /// Closes recorder `h` (its trace is dropped). Returns 0, or -1.
 #[no_mangle]
 pub extern "C" fn wasmem_recorder_close(h: i64) -> c_int {

@@ -29,6 +29,8 @@ struct Recorder {
     frees: u64,
     retags: u64,
     phases: u64,
+    /// The figures of the last [`plan`].
+    planned: Option<Value>,
 }
 
 #[derive(Debug, Default)]
@@ -107,11 +109,123 @@ pub fn save(handle: i64, path: &Path) -> Result<(), Failure> {
         .map_err(|e| Failure::new(Cause::Trace, format!("writing the trace to {}: {e}", path.display())))
 }
 
+/// The keys of [`plan`]'s options.
+const PLAN_KEYS: [&str; 4] = ["plan_cache", "policy", "capacity", "device"];
+
+/// Plans ahead: replays the trace recorded so far on a simulated device
+/// under a policy with a planner, so that its plans land in a plan cache —
+/// the file a live run reads (`wasmem_init`'s `plan_cache`) to be planned
+/// from its first request, its first step included.
+///
+/// `options` (a JSON object): `plan_cache` (required; `{rank}` and
+/// `{device}` replaced as for a live run), `policy` (default `planned`),
+/// `capacity` (the device's bytes, a number or a size such as `"80GiB"`;
+/// default 80 GiB) and `device` (the ordinal for `{device}`, default 0).
+/// The cache is made afresh, in a temporary file renamed over the old one,
+/// unless the old one is not a plan cache (then it is left as it is). The
+/// figures of the run are returned and kept for [`stats`] (`plan`).
+pub fn plan(handle: i64, options: &str) -> Result<Value, Failure> {
+    let bad = |m: String| Failure::new(Cause::BadArgument, format!("recorder {handle}: planning ahead: {m}"));
+    let o: Value = serde_json::from_str(options).map_err(|e| bad(format!("options are not JSON: {e}")))?;
+    let o = o.as_object().ok_or_else(|| bad("options are not a JSON object".into()))?;
+    if let Some(k) = o.keys().find(|k| !PLAN_KEYS.contains(&k.as_str())) {
+        return Err(bad(format!("unknown option `{k}` (known: {})", PLAN_KEYS.join(", "))));
+    }
+    let template = o
+        .get("plan_cache")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("option `plan_cache` (a path) is required".into()))?;
+    let policy = match o.get("policy") {
+        None | Some(Value::Null) => "planned",
+        Some(v) => v.as_str().ok_or_else(|| bad("option `policy` is not a string".into()))?,
+    };
+    let capacity = match o.get("capacity") {
+        None | Some(Value::Null) => crate::config::DEFAULT_SIM_CAPACITY,
+        Some(Value::String(t)) => wasmem::types::parse_size(t).map_err(|e| bad(format!("option `capacity`: {e}")))?,
+        Some(v) => v.as_u64().filter(|&c| c > 0).ok_or_else(|| bad(format!("option `capacity` is {v}")))?,
+    };
+    let ordinal = match o.get("device") {
+        None | Some(Value::Null) => 0,
+        Some(v) => v.as_u64().ok_or_else(|| bad(format!("option `device` is {v}")))? as usize,
+    };
+    let config = crate::config::Config {
+        plan_cache: Some(template.to_string()),
+        ..crate::config::Config::from_env().map_err(|e| bad(e.to_string()))?
+    };
+    let path = config.plan_cache_path(ordinal).expect("a template is set");
+    let planner = wasmem::session::has_planner(policy, &wasmem::policy::GlobalRuntime)
+        .map_err(|e| Failure::new(Cause::Policy, e.to_string()))?;
+    if !planner {
+        return Err(bad(format!("policy `{policy}` has no planner (e.g. `planned`)")));
+    }
+    // A stale or invalid cache is replaced; a file that is no plan cache is not.
+    if let Err(e) = wasmem::alloc::check_plan_cache(&path, capacity) {
+        if e.foreign {
+            return Err(bad(format!("{e}; it is not overwritten")));
+        }
+    }
+    // The live library rounds requests up (`state::ALIGN`) before its
+    // allocator sees them: plans are keyed by the rounded sizes.
+    let mut events = with(handle, |r| Ok(r.log.events().to_vec()))?;
+    for e in &mut events {
+        if let wasmem::trace::Event::Alloc { bytes, .. } = e {
+            *bytes = bytes.div_ceil(crate::state::ALIGN) * crate::state::ALIGN;
+        }
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".ahead{}", std::process::id()));
+    let tmp = std::path::PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    let opts = wasmem::session::ReplayOptions {
+        device: wasmem::session::DeviceChoice::Sim { capacity },
+        plan_cache: Some(tmp.clone()),
+        ..Default::default()
+    };
+    let workload = wasmem::workload::Workload::from_events(&format!("recorder {handle}"), events);
+    let run = wasmem::session::run(&workload, policy, &opts, &wasmem::policy::GlobalRuntime, &|_| {});
+    let outcome = run.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        bad(e.to_string())
+    })?;
+    let m = &outcome.metrics;
+    if !tmp.is_file() {
+        return Err(bad(format!(
+            "the {} recorded steps gave no plan (plans need step ends, from `track(model, optimizer)`, and a step that              repeats: record two steps or more)",
+            m.steps
+        )));
+    }
+    std::fs::rename(&tmp, &path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        bad(format!("{}: {e}", path.display()))
+    })?;
+    let cached = wasmem::alloc::check_plan_cache(&path, capacity).map_err(|e| bad(e.to_string()))?.unwrap_or(0);
+    let figures = json!({
+        "plan_cache": path.to_string_lossy(),
+        "policy": policy,
+        "capacity_bytes": capacity,
+        "plans": cached,
+        "steps": m.steps,
+        "plan_arena_bytes": m.plan_arena_bytes,
+        "plan_refused": m.plan_refused,
+        "peak_live_bytes": m.peak_live_bytes,
+        "peak_reserved_bytes": m.peak_reserved_bytes,
+        "overhead_ratio": m.overhead_ratio,
+        "device_alloc_calls": m.device_alloc_calls,
+    });
+    with(handle, |r| {
+        r.planned = Some(figures.clone());
+        Ok(())
+    })?;
+    Ok(figures)
+}
+
 /// The recorder's counts: `events`, `allocs`, `frees`, `retags`, `phases`,
-/// `live_tensors`, `live_bytes`, `peak_live_bytes`.
+/// `live_tensors`, `live_bytes`, `peak_live_bytes`, and `plan`: the
+/// figures of the last [`plan`] (null before one).
 pub fn stats(handle: i64) -> Result<Value, Failure> {
     with(handle, |r| {
         Ok(json!({
+            "plan": r.planned,
             "events": r.log.events().len(),
             "allocs": r.allocs,
             "frees": r.frees,

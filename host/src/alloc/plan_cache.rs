@@ -101,6 +101,14 @@ pub(crate) struct CacheContent {
     pub plans: Vec<CachedPlan>,
 }
 
+/// Reads and validates the plan cache at `path` as a run on a device of
+/// `capacity` bytes would: the number of plans it holds, `Ok(None)` when
+/// there is no such file, or why it would be refused
+/// ([`CacheError::foreign`]: not a plan cache at all, never overwritten).
+pub fn check_plan_cache(path: &Path, capacity: u64) -> Result<Option<usize>, CacheError> {
+    Ok(CacheContent::read(path, capacity)?.map(|c| usize::from(c.first.is_some()) + c.plans.len()))
+}
+
 /// Why a cache file was refused.
 #[derive(Debug, thiserror::Error)]
 #[error("plan cache {}: {what}", path.display())]

@@ -482,12 +482,14 @@ impl Planning {
         let c = self.cache.as_ref()?;
         // Cached plans no step of this run used are of another training.
         let kept = |p: &&StoredPlan| !p.first_only && (p.used || !p.from_cache);
-        let plans = self.plans.iter().filter(kept).filter_map(|p| p.cached.as_deref().cloned()).collect();
+        let plans: Vec<CachedPlan> =
+            self.plans.iter().filter(kept).filter_map(|p| p.cached.as_deref().cloned()).collect();
         // The allowance of the run that made the cached plans stays while
         // they serve (a run served by them reserves less than it did).
         let served = self.plans.iter().any(|p| p.from_cache && p.used);
         let high_water = if served { self.high_water.max(self.cached_high_water) } else { self.high_water };
-        Some(CacheContent { high_water, first: c.first.clone(), plans })
+        let first = c.first.clone().map(|f| aligned_first(f, &plans));
+        Some(CacheContent { high_water, first, plans })
     }
 
     /// The first step's profile as its cached plan sees it, and its
@@ -1397,6 +1399,89 @@ impl<D: Device> Allocator<D> {
     }
 }
 
+/// The first-step plan `first`, changed when the tensors it leaves live
+/// into the next step (a loss, the last logits) would lie in the way of
+/// that step's requests under a steady plan of `plans` whose requests its
+/// own are (the first step of a training is a steady step plus the
+/// parameters and optimizer states it creates, and what it does once):
+/// then its requests take that plan's offsets, so that what it leaves lies
+/// where the steady plan expects it. The steady plan's requests are
+/// matched from the end, in order, skipping what only the first step has;
+/// those keep their offsets where nothing matched overlaps them, and are
+/// left to the dynamic path otherwise. `first` unchanged when nothing is
+/// in the way, no plan matches at least half of its requests, or the
+/// result fails [`validate_plan`].
+fn aligned_first(first: CachedPlan, plans: &[CachedPlan]) -> CachedPlan {
+    let reqs = &first.profile.requests;
+    let n = reqs.len() as u32;
+    let mut persistent = vec![false; reqs.len()];
+    for &k in &first.persistent {
+        persistent[k as usize] = true;
+    }
+    let rest: Vec<usize> = (0..reqs.len()).filter(|&k| !persistent[k]).collect();
+    let range = |off: u64, r: &PlanRequest| (off, off + r.planned_bytes());
+    let apart = |(a0, a1): (u64, u64), (b0, b1): (u64, u64)| a1 <= b0 || b1 <= a0;
+    for s in plans {
+        let steady = &s.profile.requests;
+        // (request of `first`, request of `s`), matched from the end.
+        let mut pairs = Vec::with_capacity(steady.len());
+        let mut j = steady.len();
+        for &k in rest.iter().rev() {
+            if j == 0 {
+                break;
+            }
+            if key(&reqs[k]) == key(&steady[j - 1]) {
+                j -= 1;
+                pairs.push((k, j));
+            }
+        }
+        if pairs.len() * 2 < steady.len().max(1) {
+            continue;
+        }
+        // In the way: a tensor left live (planned in `first`, wrapping in
+        // `s`) overlaps a request `s` serves before that tensor is freed.
+        let in_way = pairs.iter().any(|&(k, j)| {
+            let (Some(off), Some(w)) = (first.plan.offsets[k], steady[j].wraps_to) else { return false };
+            let left = range(off, &reqs[k]);
+            (0..(w as usize).min(steady.len()))
+                .any(|i| s.plan.offsets[i].is_some_and(|o| !apart(left, range(o, &steady[i]))))
+        });
+        if !in_way {
+            return first;
+        }
+        let mut offsets = first.plan.offsets.clone();
+        let mut matched = vec![false; reqs.len()];
+        for &(k, j) in &pairs {
+            offsets[k] = s.plan.offsets[j];
+            matched[k] = true;
+        }
+        // What only the first step has keeps its offset unless it meets a
+        // matched request in time and in bytes.
+        let live = |k: usize| {
+            let (iv, m) = reqs[k].intervals(k as u32, n);
+            iv.into_iter().take(m).filter(|(a, b)| a < b).collect::<Vec<_>>()
+        };
+        for &u in rest.iter().filter(|&&u| !matched[u]) {
+            let Some(off) = offsets[u] else { continue };
+            let (lu, ru) = (live(u), range(off, &reqs[u]));
+            let meets = pairs.iter().any(|&(k, _)| {
+                offsets[k].is_some_and(|o| {
+                    !apart(ru, range(o, &reqs[k]))
+                        && live(k).iter().any(|&(a, b)| lu.iter().any(|&(c, d)| a < d && c < b))
+                })
+            });
+            if meets {
+                offsets[u] = None;
+            }
+        }
+        let plan = Plan { arena_bytes: s.plan.arena_bytes.max(first.plan.arena_bytes), offsets };
+        if validate_plan(&first.profile, &plan, u64::MAX).is_ok() {
+            return CachedPlan { plan, ..first };
+        }
+    }
+    first
+}
+
 /// The time to install a plan: the request before which the fewest planned
 /// bytes are live (the earliest of equals), and those bytes.
 pub(crate) fn install_point(requests: &[PlanRequest], offsets: &[Option<u64>]) -> (usize, u64) {
@@ -1437,9 +1522,69 @@ fn split(blocks: &mut super::slab::Slab<Block>, blk: u32, at: u64) -> u32 {
 
 #[cfg(test)]
 mod tests {
+    use super::{aligned_first, CachedPlan};
     use crate::alloc::Allocator;
+    use crate::decision::{validate_plan, Plan, PlanRequest, StepProfile};
     use crate::device::sim::{SimConfig, SimDevice};
+    use crate::types::MIB;
     use crate::types::{Phase, StreamId, TensorId, TensorKind, GIB, KIB};
+
+    fn req(bytes: u64, kind: TensorKind, freed_at: Option<u32>, wraps_to: Option<u32>) -> PlanRequest {
+        PlanRequest { bytes, kind, stream: StreamId(0), freed_at, wraps_to }
+    }
+
+    /// A steady step `[temp, act]` whose activation lives into the next
+    /// step until its request 1, and a first step `[param, extra, temp,
+    /// act]` planned with its activation over where the steady plan puts
+    /// the temporary the next step starts with.
+    fn first_and_steady(act_at: u64, extra_at: u64) -> (CachedPlan, CachedPlan) {
+        let (t, a) = (req(MIB, TensorKind::Temp, Some(1), None), req(2 * MIB, TensorKind::Activation, None, Some(1)));
+        let steady = CachedPlan {
+            profile: StepProfile { step: 1, requests: vec![t, a] },
+            plan: Plan { arena_bytes: 3 * MIB, offsets: vec![Some(2 * MIB), Some(0)] },
+            persistent: vec![],
+        };
+        let requests = vec![
+            req(4 * MIB, TensorKind::Param, None, None),
+            req(MIB, TensorKind::Other, Some(3), None),
+            PlanRequest { freed_at: Some(3), ..t },
+            PlanRequest { freed_at: Some(4), wraps_to: None, ..a },
+        ];
+        let first = CachedPlan {
+            profile: StepProfile { step: 0, requests },
+            plan: Plan { arena_bytes: 4 * MIB, offsets: vec![None, Some(extra_at), Some(0), Some(act_at)] },
+            persistent: vec![0],
+        };
+        validate_plan(&first.profile, &first.plan, u64::MAX).unwrap();
+        validate_plan(&steady.profile, &steady.plan, u64::MAX).unwrap();
+        (first, steady)
+    }
+
+    #[test]
+    fn what_the_first_step_leaves_live_is_moved_out_of_the_next_steps_way() {
+        // In the way ([MIB, 3 MIB) holds the steady temporary's [2, 3) MIB):
+        // the matched requests take the steady offsets; the extra request,
+        // which meets none of them, keeps its own.
+        let (first, steady) = first_and_steady(MIB, 3 * MIB);
+        let a = aligned_first(first.clone(), std::slice::from_ref(&steady));
+        assert_eq!(a.plan.offsets, vec![None, Some(3 * MIB), Some(2 * MIB), Some(0)]);
+        validate_plan(&a.profile, &a.plan, u64::MAX).unwrap();
+        // An extra request that would meet a moved one goes dynamic.
+        let (first, steady) = first_and_steady(MIB, 2 * MIB);
+        let a = aligned_first(first, std::slice::from_ref(&steady));
+        assert_eq!(a.plan.offsets, vec![None, None, Some(2 * MIB), Some(0)]);
+        // Out of the way already: unchanged.
+        let (first, steady) = first_and_steady(0, 3 * MIB);
+        assert_eq!(aligned_first(first.clone(), std::slice::from_ref(&steady)), first);
+        // A steady plan of another step: unchanged.
+        let other = CachedPlan {
+            profile: StepProfile { step: 1, requests: vec![req(7 * MIB, TensorKind::Temp, Some(1), None)] },
+            plan: Plan { arena_bytes: 7 * MIB, offsets: vec![Some(0)] },
+            persistent: vec![],
+        };
+        let (first, _) = first_and_steady(MIB, 3 * MIB);
+        assert_eq!(aligned_first(first.clone(), &[other]), first);
+    }
 
     /// With a cache of two entries, most planned ranges are found by the
     /// finger, the block hints and the links: a training-like step with

@@ -12,6 +12,7 @@ bytes PyTorch would request), and a weak reference on it records the
 
 from __future__ import annotations
 
+import os
 import weakref
 from typing import Any
 
@@ -184,6 +185,36 @@ class Recorder:
         if self._h is None:
             raise WasmemError("Recorder.save: nothing recorded (the recorder was never entered, or was closed)")
         self._lib.recorder_save(self._h, path)
+
+    def plan_ahead(
+        self,
+        plan_cache: str | os.PathLike[str],
+        policy: str = "planned",
+        capacity: int | str | None = None,
+        device: int | None = None,
+    ) -> dict[str, Any]:
+        """Plans the recorded training ahead of its first real step.
+
+        Replays the trace recorded so far (two steps or more, tracked with
+        :meth:`track`) under ``policy`` (one with a planner) on a simulated
+        device of ``capacity`` bytes (default: the memory of CUDA device
+        ``device`` when there is one, else 80 GiB), and writes its plans to
+        the plan cache ``plan_cache`` (``{rank}`` and ``{device}`` replaced,
+        as :func:`wasmem.torch.enable` does). A run started with
+        ``enable(policy=..., plan_cache=...)`` on the same file is then
+        served at planned offsets from its first request. A request the real
+        run makes and the recording did not (a kernel's workspace) goes to
+        the dynamic path; a run that differs more learns its plans and
+        replaces the file. Returns the planning run's figures (``plans``,
+        ``plan_arena_bytes``, ``peak_live_bytes`` …).
+        """
+        if self._h is None:
+            raise WasmemError("Recorder.plan_ahead: nothing recorded (the recorder was never entered, or was closed)")
+        index = 0 if device is None else int(device)
+        if capacity is None and torch.cuda.is_available():
+            capacity = torch.cuda.get_device_properties(index).total_memory
+        options = {"plan_cache": os.fspath(plan_cache), "policy": policy, "capacity": capacity, "device": index}
+        return self._lib.recorder_plan(self._h, options)
 
     def stats(self) -> dict[str, Any]:
         """Counts: ``events``, ``allocs``, ``frees``, ``retags``, ``phases``,
