@@ -210,6 +210,21 @@ for pass in cold warm; do
         esac
     fi
 done
+# 4d. `planned` planned ahead (--plan-ahead): the training recorded on the meta device first, so
+# the first live run is served at planned offsets from its first allocation; its hits, misses and
+# device calls (the wasmem run's wasmem_stats in wasmem.json) tell how well meta matches CUDA.
+if [ "$torch_rc" = 0 ] && [ -x "$TORCH_PY" ] && [ -f "${CAPI_LIB:-}" ]; then
+    say "running the PyTorch example with --policy planned --plan-ahead"
+    mkdir -p "$TORCH_OUT/planned-ahead"
+    timeout 200 "$TORCH_PY" examples/pytorch/train.py --compare --policy planned --plan-ahead "$TORCH_OUT/plans-ahead.json" \
+        --lib "$CAPI_LIB" --out "$TORCH_OUT/planned-ahead" 2>&1 | log pytorch-planned-ahead.log
+    torch_rc=$?
+    ahead=$("${TORCH_PY}" -c 'import json,sys; s=json.load(open(sys.argv[1]))["wasmem_stats"]; print("hits %d, misses %d, device allocs %d" % (s["plan_hits"], s["plan_misses"], s["device_alloc_calls"]))' "$TORCH_OUT/planned-ahead/wasmem.json" 2>/dev/null || echo "no figures")
+    case $torch_rc in
+        0) torch_status="$torch_status; planned ahead: losses match ($ahead)" ;;
+        *) torch_status="$torch_status; planned ahead: FAILED (rc $torch_rc)" ;;
+    esac
+fi
 say "PyTorch example: $torch_status"
 # Add the comparison to gpu-check.json (any Python will do).
 MERGE_PY=$TORCH_PY

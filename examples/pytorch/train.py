@@ -129,6 +129,30 @@ def build(torch, args):
     return model, batch
 
 
+def plan_ahead(torch, wt, args):
+    """Records the training on the meta device (3 steps, nothing computed,
+    no GPU memory) the way the live run allocates — the model built on the
+    CPU and moved, batches made on the CPU and moved — and plans it ahead
+    into the plan cache args.plan_ahead; returns the planning run's figures."""
+    with wt.Recorder(device="meta") as rec:
+        with torch.device("cpu"):
+            model, batch = build(torch, args)
+        model = model.to("meta")
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+        if not args.no_track:
+            rec.track(model, opt)
+        for _ in range(3):
+            with torch.device("cpu"):
+                x, y = batch()
+            x, y = x.to("meta"), y.to("meta")
+            loss = model(x, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        del loss
+        return rec.plan_ahead(args.plan_ahead, policy=args.policy)
+
+
 def mem_line(rec):
     m = rec["mem"]
     if "reserved_bytes" in m:  # wasmem
@@ -163,6 +187,10 @@ def train(args):
             return EXIT_UNAVAILABLE
         os.environ["WASMEM_CAPI_LIB"] = lib
         wt = import_wasmem_torch()
+        if args.plan_ahead:
+            t = time.perf_counter()
+            planned = plan_ahead(torch, wt, args)
+            print(f"train.py: planned ahead on the meta device in {time.perf_counter() - t:.2f} s: {planned}")
         # Before anything allocates on the GPU.
         wt.enable(
             policy=args.policy,
@@ -170,6 +198,7 @@ def train(args):
             ctl=args.ctl,
             trace_out=args.trace_out,
             history=args.history,
+            plan_cache=args.plan_ahead,
         )
         print(f"train.py: allocator wasmem ({lib}), policy {args.policy}, shadow {args.shadow}")
         if args.ctl:
@@ -363,6 +392,7 @@ def compare(args):
         + ["--allocator", "wasmem", "--lib", lib, "--policy", args.policy]
         + ["--trace-out", os.path.join(out, "wasmem-trace.jsonl.gz")]
         + (["--shadow", args.shadow] if args.shadow else [])
+        + (["--plan-ahead", args.plan_ahead] if args.plan_ahead else [])
         + ([] if args.swap_at is None else ["--swap-at", str(args.swap_at), "--swap-policy", args.swap_policy]),
     }
     results = {}
@@ -399,6 +429,11 @@ def main(argv=None):
     p.add_argument("--trace-out", help="wasmem: record the allocations and write a trace v1 here")
     p.add_argument("--json", help="write this run's results here")
     p.add_argument("--shadow", help="wasmem: a shadow policy run on the same events (bookkeeping only)")
+    p.add_argument(
+        "--plan-ahead",
+        help="wasmem, a policy with a planner: record the training on the meta device first and plan it into "
+        "this plan cache, so that the run is served at planned offsets from its first step",
+    )
     p.add_argument("--ctl", action="store_true", help="wasmem: serve the control socket (wasmem ctl)")
     p.add_argument("--history", type=int, default=0, help="wasmem: keep N allocator actions for --snapshot")
     p.add_argument("--snapshot", help="write torch.cuda.memory._dump_snapshot() here at the end")

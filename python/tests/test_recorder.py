@@ -265,7 +265,7 @@ with Recorder(device="meta") as rec:
             out[name] = str(e)
 print(json.dumps(out))
 """))
-    assert "no plan" in o["no_steps"] and "two steps" in o["no_steps"], o
+    assert "0 step ends" in o["no_steps"] and "three steps" in o["no_steps"], o
     assert "not a plan cache" in o["foreign"] and "not overwritten" in o["foreign"], o
     assert foreign.read_text() == '{"mine": true}\n'
     assert "no planner" in o["no_planner"], o

@@ -167,6 +167,14 @@ pub fn plan(handle: i64, options: &str) -> Result<Value, Failure> {
     // The live library rounds requests up (`state::ALIGN`) before its
     // allocator sees them: plans are keyed by the rounded sizes.
     let mut events = with(handle, |r| Ok(r.log.events().to_vec()))?;
+    let steps =
+        events.iter().filter(|e| matches!(e, wasmem::trace::Event::Phase { phase: Phase::StepEnd, .. })).count();
+    if steps < 3 {
+        return Err(bad(format!(
+            "the trace has {steps} step ends; record three steps or more (the first, and two that repeat: a steady \
+             step is planned once it repeated), tracked with `track(model, optimizer)`"
+        )));
+    }
     for e in &mut events {
         if let wasmem::trace::Event::Alloc { bytes, .. } = e {
             *bytes = bytes.div_ceil(crate::state::ALIGN) * crate::state::ALIGN;
@@ -189,10 +197,7 @@ pub fn plan(handle: i64, options: &str) -> Result<Value, Failure> {
     })?;
     let m = &outcome.metrics;
     if !tmp.is_file() {
-        return Err(bad(format!(
-            "the {} recorded steps gave no plan (plans need step ends, from `track(model, optimizer)`, and a step that              repeats: record two steps or more)",
-            m.steps
-        )));
+        return Err(bad(format!("the {} recorded steps gave no plan (no step repeated the one before)", m.steps)));
     }
     std::fs::rename(&tmp, &path).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
@@ -266,5 +271,45 @@ mod tests {
         close(h).unwrap();
         assert!(close(h).unwrap_err().msg.contains("not open"));
         assert!(alloc(h, 1, TensorKind::Temp, 0).is_err());
+    }
+
+    #[test]
+    fn planning_ahead_checks_its_options_and_writes_a_cache() {
+        let h = open("test");
+        let err = |o: &str| plan(h, o).unwrap_err().msg;
+        assert!(err("[]").contains("not a JSON object"));
+        assert!(err(r#"{"cache": "x"}"#).contains("unknown option `cache`"));
+        assert!(err("{}").contains("`plan_cache`"));
+        assert!(err(r#"{"plan_cache": "p.json", "capacity": "lots"}"#).contains("capacity"));
+        assert!(err(r#"{"plan_cache": "p.json"}"#).contains("0 step ends"));
+        // Parameters, then four steps of activations freed within the step.
+        for k in 0..3 {
+            alloc(h, (k + 1) << 20, TensorKind::Param, 0).unwrap();
+        }
+        for step in 0..4 {
+            let acts: Vec<u64> = (0..5).map(|k| alloc(h, (3 + k) << 20, TensorKind::Activation, 0).unwrap()).collect();
+            for a in acts.into_iter().rev() {
+                free(h, a).unwrap();
+            }
+            phase(h, Phase::StepEnd, step).unwrap();
+        }
+        let dir = std::env::temp_dir().join(format!("wasmem-plan-ahead-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("plans.dev{device}.json");
+        let o = json!({ "plan_cache": path, "capacity": "1GiB", "device": 3 }).to_string();
+        let f = plan(h, &o).unwrap();
+        let written = dir.join("plans.dev3.json");
+        assert_eq!(f["plan_cache"].as_str(), Some(written.to_str().unwrap()));
+        assert!(f["plans"].as_u64() >= Some(2), "{f}");
+        assert_eq!(stats(h).unwrap()["plan"], f);
+        let text = std::fs::read_to_string(&written).unwrap();
+        assert!(text.contains("wasmem-plan-cache"));
+        // A file that is no plan cache is never overwritten.
+        std::fs::write(&written, "notes\n").unwrap();
+        assert!(err(&o).contains("not overwritten"));
+        assert_eq!(std::fs::read_to_string(&written).unwrap(), "notes\n");
+        assert!(err(r#"{"plan_cache": "p.json", "policy": "pytorch"}"#).contains("no planner"));
+        std::fs::remove_dir_all(&dir).unwrap();
+        close(h).unwrap();
     }
 }

@@ -195,10 +195,13 @@ class Recorder:
     ) -> dict[str, Any]:
         """Plans the recorded training ahead of its first real step.
 
-        Replays the trace recorded so far (two steps or more, tracked with
+        Replays the trace recorded so far (three steps or more, tracked with
         :meth:`track`) under ``policy`` (one with a planner) on a simulated
         device of ``capacity`` bytes (default: the memory of CUDA device
-        ``device`` when there is one, else 80 GiB), and writes its plans to
+        ``device`` when CUDA is already initialised in this process, else
+        80 GiB: this runs before :func:`wasmem.torch.enable`, which needs
+        CUDA not initialised yet, so pass the GPU's size for a model that
+        needs more), and writes its plans to
         the plan cache ``plan_cache`` (``{rank}`` and ``{device}`` replaced,
         as :func:`wasmem.torch.enable` does). A run started with
         ``enable(policy=..., plan_cache=...)`` on the same file is then
@@ -211,7 +214,7 @@ class Recorder:
         if self._h is None:
             raise WasmemError("Recorder.plan_ahead: nothing recorded (the recorder was never entered, or was closed)")
         index = 0 if device is None else int(device)
-        if capacity is None and torch.cuda.is_available():
+        if capacity is None and torch.cuda.is_initialized():
             capacity = torch.cuda.get_device_properties(index).total_memory
         options = {"plan_cache": os.fspath(plan_cache), "policy": policy, "capacity": capacity, "device": index}
         return self._lib.recorder_plan(self._h, options)
