@@ -522,6 +522,50 @@ fn a_plan_cache_plans_the_next_run_from_its_first_request() {
 }
 
 #[test]
+fn a_tensor_that_outlives_its_next_instance_is_planned_two_steps_at_a_time() {
+    // `out = model(x)` kept until the next step's forward replaces it: the
+    // step's first request lives into the next step past that step's own
+    // first request, so two instances are live at once and no plan of one
+    // step can place it. Steps are then planned two at a time: the run
+    // reserves no more than `defrag` alone, the plan serves every request,
+    // and the steady state makes no device call.
+    let inner = training_step(6, 3 * MIB);
+    let n = inner.len() + 1;
+    let mut template = vec![Req { bytes: 9 * MIB + 4 * KIB, kind: TensorKind::Activation, free_at: n + 5 }];
+    template.extend(inner.iter().map(|r| Req { free_at: r.free_at + 1, ..*r }));
+    let run = |policy: &str| {
+        let mut r = Run::new(policy, 4 * GIB);
+        let per: Vec<Stats> = (0..14).map(|_| r.step(&template)).collect();
+        let s = r.a.stats();
+        r.finish();
+        (s, per)
+    };
+    let (planned, per) = run("planned");
+    let (defrag, _) = run("defrag");
+    assert!(
+        planned.bytes.peak_reserved_bytes <= defrag.bytes.peak_reserved_bytes,
+        "planned {} above defrag {}",
+        planned.bytes.peak_reserved_bytes,
+        defrag.bytes.peak_reserved_bytes
+    );
+    let last = &per[per.len() - 4..];
+    for s in last {
+        assert_eq!((s.plan_hits, s.plan_misses), (template.len() as u64, 0), "{s:?}");
+        assert_eq!((s.device_alloc_calls, s.device_free_calls, s.device_syncs), (0, 0, 0), "{s:?}");
+    }
+    // The plan cache keeps the period: the next run is planned two steps
+    // at a time from its first step on, from its first request.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plans.json");
+    let (cold, _, _) = cached_run("planned", &template, 14, Some(&path));
+    assert!(std::fs::read_to_string(&path).unwrap().contains("\"period\":2"));
+    let (warm, per, _) = cached_run("planned", &template, 14, Some(&path));
+    assert_eq!(warm.plan_misses, 0, "{:?}", per.iter().map(|s| (s.plan_hits, s.plan_misses)).collect::<Vec<_>>());
+    assert_eq!((warm.device_alloc_calls, warm.device_free_calls), (2, 0), "{warm:?}");
+    assert!(warm.bytes.peak_reserved_bytes <= cold.bytes.peak_reserved_bytes);
+}
+
+#[test]
 fn what_the_first_step_leaves_live_lies_where_the_steady_plan_expects_it() {
     // `out = model(x)` keeps a step's logits until the next step's forward
     // replaces them, and the first step also has what it does once (a

@@ -52,8 +52,15 @@ struct Header {
     version: u32,
     align: u64,
     high_water: u64,
+    /// Training steps per planned step after the first (1 or 2).
+    #[serde(default = "one")]
+    period: u32,
     /// Plans in the file: the first-step plan (when there is one) then the others.
     plans: Vec<PlanFile>,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// One plan of a cache file.
@@ -95,6 +102,9 @@ pub(crate) struct CacheContent {
     /// The most bytes the run that made it reserved (step ends): arenas of
     /// the next run are held to it.
     pub high_water: u64,
+    /// Training steps per planned step after the first (1 or 2; 0 in a
+    /// default value means 1).
+    pub period: u32,
     /// The plan of a run's first step.
     pub first: Option<CachedPlan>,
     /// The other plans.
@@ -143,7 +153,10 @@ impl CacheContent {
         if h.align != PLAN_ALIGN {
             return Err(err(format!("field `align` is {}; this build plans at {PLAN_ALIGN}", h.align)));
         }
-        let mut out = CacheContent { high_water: h.high_water, ..Default::default() };
+        if !(1..=2).contains(&h.period) {
+            return Err(err(format!("field `period` is {}; it is 1 or 2", h.period)));
+        }
+        let mut out = CacheContent { high_water: h.high_water, period: h.period, ..Default::default() };
         for (i, f) in h.plans.into_iter().enumerate() {
             let at = |m: String| err(format!("plans[{i}]: {m}"));
             let (requests, offsets) = f
@@ -204,7 +217,10 @@ impl CacheContent {
     /// so that a reader never sees half a file).
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
         let mut out = Vec::new();
-        let header = serde_json::json!({ "format": FORMAT, "version": VERSION, "align": PLAN_ALIGN, "high_water": self.high_water });
+        let header = serde_json::json!({
+            "format": FORMAT, "version": VERSION, "align": PLAN_ALIGN, "high_water": self.high_water,
+            "period": self.period.max(1),
+        });
         let header = header.to_string();
         // `{...,"plans":[` with the header's fields first.
         write!(out, "{},\"plans\":[", &header[..header.len() - 1])?;
@@ -256,7 +272,7 @@ mod tests {
             plan: Plan { arena_bytes: 2048, offsets: vec![Some(0), Some(0)] },
             persistent: vec![],
         };
-        CacheContent { high_water: 1 << 30, first: Some(first), plans: vec![steady] }
+        CacheContent { high_water: 1 << 30, period: 2, first: Some(first), plans: vec![steady] }
     }
 
     #[test]
@@ -288,6 +304,10 @@ mod tests {
         check(&good[..good.len() / 2], "line");
         check(&good.replace("wasmem-plan-cache", "other"), "`format`");
         check(&good.replace("\"version\":1", "\"version\":9"), "`version`");
+        check(&good.replace("\"period\":2", "\"period\":3"), "`period`");
+        // A file without a period (written before there were periods) plans one step at a time.
+        std::fs::write(&path, good.replace(",\"period\":2", "")).unwrap();
+        assert_eq!(CacheContent::read(&path, 1 << 40).unwrap().unwrap().period, 1);
         // Two live requests on the same bytes.
         check(&good.replace("[512,\"temp\",0,2,null,0]", "[512,\"temp\",0,3,null,0]"), "share bytes");
         // A persistent request that is freed in the step.

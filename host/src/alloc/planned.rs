@@ -314,6 +314,10 @@ pub(crate) struct Planning {
     refused_arena: u64,
     step_hits: u64,
     step_misses: u64,
+    /// Misses of this step where the plan had an offset or no entry (a
+    /// request it planned dynamic is no deviation): what leaves a cached
+    /// first-step plan.
+    step_deviations: u64,
     arenas: Vec<Arena>,
     /// Step ends seen (a clock for choosing plans).
     steps: u64,
@@ -336,7 +340,21 @@ pub(crate) struct Planning {
     /// Bytes of the arena of a cached first-step plan not allocated yet
     /// (see [`Allocator::open_deferred_arena`]).
     deferred_arena: u64,
+    /// Training steps per planned step (1 or 2; the first step is always
+    /// one): 2 once a step's tensors outlive the allocation of their next
+    /// instance (see [`DOUBLE_SHARE`]).
+    period: u32,
+    /// In a planned step of two training steps: the first one ended.
+    mid: bool,
 }
+
+/// A step whose requests live into the next step past the allocation of
+/// their own next instance (`out = model(x)` kept until the next forward
+/// returns) cannot be planned one step at a time: both instances are live
+/// at once. When such requests hold at least 1/`DOUBLE_SHARE` of the peak
+/// live bytes, steps are planned two at a time (each instance then has its
+/// own offset).
+const DOUBLE_SHARE: u64 = 200;
 
 impl std::fmt::Debug for Planning {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -368,6 +386,7 @@ impl Planning {
             refused_arena: u64::MAX,
             step_hits: 0,
             step_misses: 0,
+            step_deviations: 0,
             arenas: Vec::new(),
             steps: 0,
             high_water: 0,
@@ -378,6 +397,8 @@ impl Planning {
             left_first: false,
             deferred_arena: 0,
             kept_left: std::collections::HashMap::new(),
+            period: 1,
+            mid: false,
         }
     }
 
@@ -489,7 +510,7 @@ impl Planning {
         let served = self.plans.iter().any(|p| p.from_cache && p.used);
         let high_water = if served { self.high_water.max(self.cached_high_water) } else { self.high_water };
         let first = c.first.clone().map(|f| aligned_first(f, &plans));
-        Some(CacheContent { high_water, first, plans })
+        Some(CacheContent { high_water, period: self.period, first, plans })
     }
 
     /// The first step's profile as its cached plan sees it, and its
@@ -542,7 +563,7 @@ impl Planning {
     /// Leaves the active (cached first-step) plan for the rest of the
     /// step; its persistent requests not served yet can still be, by key.
     fn leave_first(&mut self) {
-        tracing::info!(misses = self.step_misses, "the cached first-step plan does not fit this run; left");
+        tracing::info!(misses = self.step_deviations, "the cached first-step plan does not fit this run; left");
         if let Some(plan) = self.active.take().map(|i| &self.plans[i]) {
             for j in self.cursor..plan.keys.len() {
                 if let Some(off) = plan.offsets[j].filter(|o| o & KEPT != 0) {
@@ -656,6 +677,7 @@ impl<D: Device> Allocator<D> {
                     p.installing = false;
                     p.matched.clear();
                     p.step_misses += 1;
+                    p.step_deviations += 1;
                     self.stats.plan_misses += 1;
                     return Ok(None);
                 }
@@ -674,11 +696,14 @@ impl<D: Device> Allocator<D> {
         } else {
             p.step_misses += 1;
             self.stats.plan_misses += 1;
+            if !matches!(planned, Some((_, None))) {
+                p.step_deviations += 1;
+            }
             // A cached first-step plan is chosen on the first request alone
             // and installed at once: a run that turns out to be another
             // training leaves it, and its arena, as soon as that is plain.
             let plan = &p.plans[i];
-            if plan.first_only && p.step_misses > 8 + plan.keys.len() as u64 / 100 {
+            if plan.first_only && p.step_deviations > 8 + plan.keys.len() as u64 / 100 {
                 p.leave_first();
                 p.left_first = true;
                 self.release_left_arena()?;
@@ -714,7 +739,7 @@ impl<D: Device> Allocator<D> {
         let want = std::mem::take(&mut p.deferred_arena);
         // A request or two the plan lacks (a workspace the recorded run did
         // not have) among many matched ones is the same training.
-        let (hits, misses) = (p.step_hits, p.step_misses);
+        let (hits, misses) = (p.step_hits, p.step_deviations);
         if misses > 2 || hits < 4 * misses {
             p.leave_first();
             return Ok(false);
@@ -889,7 +914,15 @@ impl<D: Device> Allocator<D> {
     pub(super) fn plan_step_end(&mut self, step: u64) -> Result<(), AllocError> {
         let Some(p) = self.planning.as_mut() else { return Ok(()) };
         p.high_water = p.high_water.max(self.stats.bytes.peak_reserved_bytes);
+        if p.period > 1 && p.steps > 0 {
+            // The first training step of a planned step of two ends.
+            p.mid = !p.mid;
+            if p.mid {
+                return Ok(());
+            }
+        }
         let (hits, misses) = (std::mem::take(&mut p.step_hits), std::mem::take(&mut p.step_misses));
+        p.step_deviations = 0;
         let served_plan = p.active.filter(|_| !p.installing);
         let first_step = p.steps == 0;
         p.deferred_arena = 0;
@@ -926,7 +959,25 @@ impl<D: Device> Allocator<D> {
         if self.planning.as_ref().is_some_and(|p| p.left_first) {
             self.release_left_arena()?;
         }
-        if worth && !good && !futile {
+        let peak_live = self.stats.bytes.peak_live_bytes;
+        let p = self.planning.as_mut().expect("planning is on");
+        if p.period == 1 && !first_step && double_bytes(&profile) * DOUBLE_SHARE >= peak_live.max(1) {
+            // Plans of one step would leave these requests dynamic: plan two
+            // steps at a time from the next one (the one-step plans go).
+            tracing::info!(
+                step,
+                bytes = double_bytes(&profile),
+                "tensors outlive their next instance: planning two steps at a time"
+            );
+            p.period = 2;
+            p.mid = false;
+            p.plans.retain(|q| q.first_only);
+            p.active = None;
+            p.previous.clear();
+            if let Some(c) = p.cache.as_mut() {
+                c.dirty = true;
+            }
+        } else if worth && !good && !futile {
             self.make_plan(&profile)?;
         }
         self.write_plan_cache()?;
@@ -1115,6 +1166,8 @@ impl<D: Device> Allocator<D> {
         let Some(content) = content else { return Ok(0) };
         p.forget_plans();
         p.cached_high_water = content.high_water;
+        p.period = content.period.max(1);
+        p.mid = false;
         p.common_arena = content.arena_bytes();
         let now = p.steps;
         let mut n = 0;
@@ -1397,6 +1450,18 @@ impl<D: Device> Allocator<D> {
         }
         Ok(())
     }
+}
+
+/// Bytes of the requests of `profile` live at its end past the allocation
+/// of their own next instance (freed in the next step after its request of
+/// the same index): no plan of one step can place them.
+fn double_bytes(profile: &StepProfile) -> u64 {
+    let reqs = &profile.requests;
+    reqs.iter()
+        .enumerate()
+        .filter(|(k, r)| r.freed_at.is_none() && r.wraps_to.is_some_and(|w| w > *k as u32))
+        .map(|(_, r)| r.planned_bytes())
+        .sum()
 }
 
 /// The first-step plan `first`, changed when the tensors it leaves live
