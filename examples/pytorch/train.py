@@ -130,7 +130,7 @@ def build(torch, args):
 
 
 def plan_ahead(torch, wt, args):
-    """Records the training on the meta device (3 steps, nothing computed,
+    """Records the training on the meta device (8 steps, nothing computed,
     no GPU memory) the way the live run allocates — the model built on the
     CPU and moved, batches made on the CPU and moved — and plans it ahead
     into the plan cache args.plan_ahead; returns the planning run's figures."""
@@ -141,7 +141,7 @@ def plan_ahead(torch, wt, args):
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
         if not args.no_track:
             rec.track(model, opt)
-        for _ in range(3):
+        for _ in range(8):
             with torch.device("cpu"):
                 x, y = batch()
             x, y = x.to("meta"), y.to("meta")

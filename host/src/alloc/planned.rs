@@ -464,7 +464,9 @@ impl Planning {
                     c.dirty = true;
                 }
             }
-            self.installing = self.plans[i].arena_bytes > self.arena_size();
+            // A larger arena, or the kept arena of a first-step plan.
+            let kept = self.plans[i].kept_bytes > 0 && self.kept_seg.is_none();
+            self.installing = kept || self.plans[i].arena_bytes > self.arena_size();
         }
     }
 
@@ -935,7 +937,10 @@ impl<D: Device> Allocator<D> {
         // be learned (they are freed in the next step).
         let worth = n > 0 && known > 0 && (known == n || repeated);
         let good = served_plan.is_some_and(|i| p.plans[i].known >= known) && misses * 100 <= (hits + misses);
-        let trim = std::mem::take(&mut p.trim_pending) && served_plan.is_some();
+        // (Not when no plan serves the steps to come: they need that cache.)
+        let trim = std::mem::take(&mut p.trim_pending)
+            && served_plan.is_some()
+            && p.plans.iter().any(|q| !q.first_only && q.arena_bytes > 0);
         tracing::debug!(
             step,
             requests = n,
@@ -959,6 +964,7 @@ impl<D: Device> Allocator<D> {
         if self.planning.as_ref().is_some_and(|p| p.left_first) {
             self.release_left_arena()?;
         }
+        self.release_planless_arena()?;
         let peak_live = self.stats.bytes.peak_live_bytes;
         let p = self.planning.as_mut().expect("planning is on");
         if p.period == 1 && !first_step && double_bytes(&profile) * DOUBLE_SHARE >= peak_live.max(1) {
@@ -1163,7 +1169,16 @@ impl<D: Device> Allocator<D> {
             write_failed: false,
             written: false,
         }));
-        let Some(content) = content else { return Ok(0) };
+        let Some(mut content) = content else { return Ok(0) };
+        if content.plans.is_empty() {
+            // No plan for the steps after the first: a step arena would be
+            // held by what the first step leaves live while those steps
+            // allocate elsewhere. Only the persistent requests are planned.
+            if let Some(f) = content.first.as_mut() {
+                f.plan.offsets.iter_mut().for_each(|o| *o = None);
+                f.plan.arena_bytes = 0;
+            }
+        }
         p.forget_plans();
         p.cached_high_water = content.high_water;
         p.period = content.period.max(1);
@@ -1336,6 +1351,22 @@ impl<D: Device> Allocator<D> {
         self.arena.blocks.get_mut(src).tensor = NIL;
         self.return_block(src)?;
         Ok(t.bytes)
+    }
+
+    /// With no plan stored (a warm run whose cache held only its first
+    /// step's, or after the plans were dropped): the current arena serves
+    /// nothing more, and goes once it is entirely free (the kept arena
+    /// stays while it holds persistent tensors).
+    fn release_planless_arena(&mut self) -> Result<(), AllocError> {
+        let Some(p) = self.planning.as_ref().filter(|p| p.plans.is_empty() && p.active.is_none()) else {
+            return Ok(());
+        };
+        let Some(seg) = p.arenas.last().map(|a| a.seg).filter(|&s| Some(s) != p.kept_seg) else { return Ok(()) };
+        if !self.arena_is_free(seg) {
+            return Ok(());
+        }
+        let a = self.planning.as_mut().expect("checked").arenas.pop().expect("checked");
+        self.release_arena(a)
     }
 
     /// Releases arenas other than the current one once they are entirely free.

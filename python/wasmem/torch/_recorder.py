@@ -196,7 +196,9 @@ class Recorder:
         """Plans the recorded training ahead of its first real step.
 
         Replays the trace recorded so far (three steps or more, tracked with
-        :meth:`track`) under ``policy`` (one with a planner) on a simulated
+        :meth:`track`; seven or more when tensors outlive their next
+        instance, e.g. ``out = model(x)`` kept, as steps are then planned
+        two at a time) under ``policy`` (one with a planner) on a simulated
         device of ``capacity`` bytes (default: the memory of CUDA device
         ``device`` when CUDA is already initialised in this process, else
         80 GiB: this runs before :func:`wasmem.torch.enable`, which needs
