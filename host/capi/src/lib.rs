@@ -42,7 +42,8 @@
 //! | `int wasmem_recorder_retag(int64_t h, uint64_t id, int kind)` | gives a live id its kind from its allocation on |
 //! | `int wasmem_recorder_phase(int64_t h, const char* name, uint64_t step)` | records a phase mark |
 //! | `int wasmem_recorder_save(int64_t h, const char* path)` | writes the trace v1 so far |
-//! | `int wasmem_recorder_stats(int64_t h, char* buf, size_t len)` | the recorder's counts as JSON (as [`wasmem_stats_json`] writes) |
+//! | `int wasmem_recorder_stats(int64_t h, char* buf, size_t len)` | the recorder's counts as JSON (as [`wasmem_stats_json`] writes), and `plan`: the last plan ahead's figures |
+//! | `int wasmem_recorder_plan(int64_t h, const char* options_json)` | plans ahead: replays the recording under a planner on the `sim` device into a plan cache (`plan_cache`, `policy`, `capacity`, `device`) that a live run reads |
 //! | `int wasmem_recorder_close(int64_t h)` | closes a recorder |
 //!
 //! The signatures of `wasmem_malloc` and `wasmem_free` are those

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 /// The C ABI: exactly these symbols, nothing else.
-const EXPORTS: [&str; 23] = [
+const EXPORTS: [&str; 24] = [
     "wasmem_dump_trace",
     "wasmem_empty_cache",
     "wasmem_free",
@@ -20,6 +20,7 @@ const EXPORTS: [&str; 23] = [
     "wasmem_recorder_free",
     "wasmem_recorder_open",
     "wasmem_recorder_phase",
+    "wasmem_recorder_plan",
     "wasmem_recorder_retag",
     "wasmem_recorder_save",
     "wasmem_recorder_stats",
