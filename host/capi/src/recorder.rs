@@ -123,7 +123,10 @@ const PLAN_KEYS: [&str; 4] = ["plan_cache", "policy", "capacity", "device"];
 /// default 80 GiB) and `device` (the ordinal for `{device}`, default 0).
 /// The cache is made afresh, in a temporary file renamed over the old one,
 /// unless the old one is not a plan cache (then it is left as it is). The
-/// figures of the run are returned and kept for [`stats`] (`plan`).
+/// figures of the run are returned and kept for [`stats`] (`plan`): with
+/// `plans`, `steady_plans` (plans of the steps after the first: none means
+/// those steps learn on the device) and `period`, the run's metrics
+/// (`plan_refused` counts plans a live run would refuse too).
 pub fn plan(handle: i64, options: &str) -> Result<Value, Failure> {
     let bad = |m: String| Failure::new(Cause::BadArgument, format!("recorder {handle}: planning ahead: {m}"));
     let o: Value = serde_json::from_str(options).map_err(|e| bad(format!("options are not JSON: {e}")))?;
@@ -141,7 +144,10 @@ pub fn plan(handle: i64, options: &str) -> Result<Value, Failure> {
     };
     let capacity = match o.get("capacity") {
         None | Some(Value::Null) => crate::config::DEFAULT_SIM_CAPACITY,
-        Some(Value::String(t)) => wasmem::types::parse_size(t).map_err(|e| bad(format!("option `capacity`: {e}")))?,
+        Some(Value::String(t)) => wasmem::types::parse_size(t)
+            .ok()
+            .filter(|&c| c > 0)
+            .ok_or_else(|| bad(format!("option `capacity` is {t:?}, not a size such as \"80GiB\"")))?,
         Some(v) => v.as_u64().filter(|&c| c > 0).ok_or_else(|| bad(format!("option `capacity` is {v}")))?,
     };
     let ordinal = match o.get("device") {
@@ -203,12 +209,16 @@ pub fn plan(handle: i64, options: &str) -> Result<Value, Failure> {
         let _ = std::fs::remove_file(&tmp);
         bad(format!("{}: {e}", path.display()))
     })?;
-    let cached = wasmem::alloc::check_plan_cache(&path, capacity).map_err(|e| bad(e.to_string()))?.unwrap_or(0);
+    let cached = wasmem::alloc::check_plan_cache(&path, capacity)
+        .map_err(|e| bad(e.to_string()))?
+        .ok_or_else(|| bad(format!("{} vanished", path.display())))?;
     let figures = json!({
         "plan_cache": path.to_string_lossy(),
         "policy": policy,
         "capacity_bytes": capacity,
-        "plans": cached,
+        "plans": usize::from(cached.first_step) + cached.steady,
+        "steady_plans": cached.steady,
+        "period": cached.period,
         "steps": m.steps,
         "plan_arena_bytes": m.plan_arena_bytes,
         "plan_refused": m.plan_refused,
@@ -301,6 +311,8 @@ mod tests {
         let written = dir.join("plans.dev3.json");
         assert_eq!(f["plan_cache"].as_str(), Some(written.to_str().unwrap()));
         assert!(f["plans"].as_u64() >= Some(2), "{f}");
+        assert_eq!((f["steady_plans"].as_u64(), f["period"].as_u64()), (Some(1), Some(1)), "{f}");
+        assert!(err(r#"{"plan_cache": "p.json", "capacity": "0B"}"#).contains("capacity"));
         assert_eq!(stats(h).unwrap()["plan"], f);
         let text = std::fs::read_to_string(&written).unwrap();
         assert!(text.contains("wasmem-plan-cache"));

@@ -57,7 +57,7 @@ mod tiering;
 pub use deferred::PendingView;
 pub use handles::Tensor;
 pub use latency::LatencyHistogram;
-pub use plan_cache::{check_plan_cache, CacheError as PlanCacheError};
+pub use plan_cache::{check_plan_cache, CacheError as PlanCacheError, CacheSummary as PlanCacheSummary};
 pub use policies::{NoDecision, PolicySet, RoleHealth, SAMPLE_EVERY};
 pub use pool::Pool;
 pub use shared::SharedAllocator;

@@ -111,12 +111,27 @@ pub(crate) struct CacheContent {
     pub plans: Vec<CachedPlan>,
 }
 
+/// What a valid plan cache holds ([`check_plan_cache`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheSummary {
+    /// Whether it has a plan of a run's first step.
+    pub first_step: bool,
+    /// Plans of the steps after it.
+    pub steady: usize,
+    /// Training steps per planned step after the first (1 or 2).
+    pub period: u32,
+}
+
 /// Reads and validates the plan cache at `path` as a run on a device of
-/// `capacity` bytes would: the number of plans it holds, `Ok(None)` when
-/// there is no such file, or why it would be refused
-/// ([`CacheError::foreign`]: not a plan cache at all, never overwritten).
-pub fn check_plan_cache(path: &Path, capacity: u64) -> Result<Option<usize>, CacheError> {
-    Ok(CacheContent::read(path, capacity)?.map(|c| usize::from(c.first.is_some()) + c.plans.len()))
+/// `capacity` bytes would: what it holds, `Ok(None)` when there is no such
+/// file, or why it would be refused ([`CacheError::foreign`]: not a plan
+/// cache at all, never overwritten).
+pub fn check_plan_cache(path: &Path, capacity: u64) -> Result<Option<CacheSummary>, CacheError> {
+    Ok(CacheContent::read(path, capacity)?.map(|c| CacheSummary {
+        first_step: c.first.is_some(),
+        steady: c.plans.len(),
+        period: c.period.max(1),
+    }))
 }
 
 /// Why a cache file was refused.

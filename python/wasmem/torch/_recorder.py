@@ -211,7 +211,9 @@ class Recorder:
         run makes and the recording did not (a kernel's workspace) goes to
         the dynamic path; a run that differs more learns its plans and
         replaces the file. Returns the planning run's figures (``plans``,
-        ``plan_arena_bytes``, ``peak_live_bytes`` …).
+        ``steady_plans`` — none: the steps after the first learn on the
+        device —, ``period``, ``plan_refused``, ``plan_arena_bytes``,
+        ``peak_live_bytes`` …).
         """
         if self._h is None:
             raise WasmemError("Recorder.plan_ahead: nothing recorded (the recorder was never entered, or was closed)")
