@@ -1,15 +1,24 @@
 """Records a training trace on the meta device (no GPU, no memory): a
 `transformers` model built from a config, AdamW, N steps, under
-`wasmem.torch.Recorder`. Used for the recorded rows of docs/measurements.md.
+`wasmem.torch.Recorder`, in the shape of loop asked for. Used for the
+recorded rows of docs/measurements.md.
 
     python scripts/record-meta.py gpt2 6 gpt2.jsonl.gz
-    python scripts/record-meta.py llama 6 llama.jsonl.gz
+    python scripts/record-meta.py llama-small 16 l.jsonl.gz --varseq --keep-outputs
     wasmem compare gpt2.jsonl.gz --policy planned --policy defrag --policy pytorch
+
+Loop shapes: `--keep-outputs` keeps the model's output until the next
+forward returns (`out = model(...)`, as many Hugging Face loops do);
+`--varseq` draws each batch's sequence length from 1/4, 1/2, 3/4 or all of
+the model's (seeded); `--accum K` accumulates K micro-batches per optimizer
+step; `--eval-every N` runs a forward under `torch.no_grad()` after every
+N-th optimizer step.
 
 Needs torch, transformers and the wasmem package (`pip install ./python`).
 """
 
 import argparse
+import random
 import time
 
 import torch
@@ -20,6 +29,8 @@ import wasmem.torch as wt
 SHAPES = {
     # GPT-2 small (124 M), batch 8 x 1024
     "gpt2": (lambda: transformers.GPT2Config(), (8, 1024)),
+    # GPT-2 of 6 layers, batch 8 x 1024
+    "gpt2-6": (lambda: transformers.GPT2Config(n_layer=6), (8, 1024)),
     # Llama-shaped, 16 layers of width 2048, batch 2 x 2048
     "llama": (
         lambda: transformers.LlamaConfig(
@@ -32,6 +43,20 @@ SHAPES = {
         ),
         (2, 2048),
     ),
+    # Llama-shaped, 8 layers of width 1024, grouped-query attention, batch 4 x 1024
+    "llama-small": (
+        lambda: transformers.LlamaConfig(
+            hidden_size=1024,
+            intermediate_size=2816,
+            num_hidden_layers=8,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            vocab_size=32000,
+        ),
+        (4, 1024),
+    ),
+    # BERT base, masked language modelling, batch 16 x 512
+    "bert": (lambda: transformers.BertConfig(), (16, 512)),
 }
 
 
@@ -40,19 +65,40 @@ def main():
     ap.add_argument("model", choices=sorted(SHAPES))
     ap.add_argument("steps", type=int)
     ap.add_argument("output")
+    ap.add_argument("--keep-outputs", action="store_true", help="keep each output until the next forward returns")
+    ap.add_argument("--varseq", action="store_true", help="a sequence length drawn per batch")
+    ap.add_argument("--accum", type=int, default=1, metavar="K", help="micro-batches per optimizer step")
+    ap.add_argument("--eval-every", type=int, default=0, metavar="N", help="a no-grad forward every N steps")
+    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    make_config, shape = SHAPES[args.model]
+    if args.steps < 1 or args.accum < 1 or args.eval_every < 0:
+        ap.error("steps and --accum must be at least 1, --eval-every at least 0")
+    make_config, (batch, seq) = SHAPES[args.model]
     config = make_config()
+    rng = random.Random(args.seed)
     t = time.time()
     with wt.Recorder(device="meta") as rec:
-        model = transformers.AutoModelForCausalLM.from_config(config)
+        if args.model == "bert":
+            model = transformers.BertForMaskedLM(config)
+        else:
+            model = transformers.AutoModelForCausalLM.from_config(config)
         opt = torch.optim.AdamW(model.parameters())
         rec.track(model, opt)
-        for _ in range(args.steps):
-            ids = torch.randint(0, config.vocab_size, shape)
-            model(input_ids=ids, labels=ids).loss.backward()
+        out = None
+        for step in range(args.steps):
+            for _ in range(args.accum):
+                length = rng.choice([seq // 4, seq // 2, 3 * seq // 4, seq]) if args.varseq else seq
+                ids = torch.randint(0, config.vocab_size, (batch, length))
+                out = model(input_ids=ids, labels=ids)
+                out.loss.backward()
+                if not args.keep_outputs:
+                    out = None
             opt.step()
             opt.zero_grad(set_to_none=True)
+            if args.eval_every and (step + 1) % args.eval_every == 0:
+                with torch.no_grad():
+                    model(input_ids=ids, labels=ids)
+        del out
         rec.save(args.output)
     print(f"recorded {args.model}, {args.steps} steps, in {time.time() - t:.1f} s: {args.output}")
 

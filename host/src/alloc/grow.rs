@@ -96,7 +96,9 @@ impl<D: Device> Allocator<D> {
                 }
             }
         }
-        // 3. A new segment.
+        // 3. A new segment (an idle planned arena goes first: see
+        // `release_arena_for_dynamic_step`).
+        self.release_arena_for_dynamic_step()?;
         let page = self.paged_page(g.segment);
         let segment = if page > 0 { round_up(g.segment, page).unwrap_or(g.segment) } else { g.segment };
         match self.new_segment(g.pool, segment, page, &req) {

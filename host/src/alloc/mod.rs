@@ -522,6 +522,9 @@ impl<D: Device> Allocator<D> {
                 (key.3, Some(key))
             }
             None => {
+                if let Some(served) = self.lend_idle_arena(req) {
+                    return Ok(served);
+                }
                 let g = grow::Growth {
                     pool: p.pool,
                     segment: p.segment,
@@ -717,7 +720,15 @@ impl<D: Device> Allocator<D> {
     /// Consults the reclamation policy and applies its decision; returns
     /// whether it asked to stitch (meaningful on growth triggers).
     fn run_reclaim(&mut self, trigger: &ReclaimTrigger) -> Result<bool, AllocError> {
-        let ctx = self.context();
+        // Reclamation sees the dynamic path's memory: planned arenas are
+        // neither its cache nor its to give back (their free space would
+        // read as cache to trim, and the dynamic pages went every step).
+        let mut ctx = self.context();
+        for p in self.arena.pools.iter().filter(|p| p.planned) {
+            ctx.reserved_bytes = ctx.reserved_bytes.saturating_sub(p.gauges.reserved_bytes);
+            ctx.allocated_bytes = ctx.allocated_bytes.saturating_sub(p.gauges.allocated_bytes);
+            ctx.live_bytes = ctx.live_bytes.saturating_sub(p.gauges.live_bytes);
+        }
         let pools = &self.arena.pools;
         let (mut d, _) = self
             .policies

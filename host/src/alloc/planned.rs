@@ -98,6 +98,10 @@ struct StoredPlan {
     from_cache: bool,
     /// The profile and the planner's own plan, when a plan cache keeps them.
     cached: Option<Box<CachedPlan>>,
+    /// Planned again from a step it served, it came out the same: its
+    /// misses are the steps around it (another kind of step leaving its
+    /// tensors where this plan expects its own), not for a new plan.
+    settled: bool,
 }
 
 impl StoredPlan {
@@ -132,6 +136,7 @@ impl StoredPlan {
             first_only,
             from_cache: false,
             cached: None,
+            settled: false,
         }
     }
 
@@ -318,6 +323,8 @@ pub(crate) struct Planning {
     /// request it planned dynamic is no deviation): what leaves a cached
     /// first-step plan.
     step_deviations: u64,
+    /// Deviations since the step's last hit: what leaves any other plan.
+    deviation_run: u64,
     arenas: Vec<Arena>,
     /// Step ends seen (a clock for choosing plans).
     steps: u64,
@@ -387,6 +394,7 @@ impl Planning {
             step_hits: 0,
             step_misses: 0,
             step_deviations: 0,
+            deviation_run: 0,
             arenas: Vec::new(),
             steps: 0,
             high_water: 0,
@@ -542,10 +550,18 @@ impl Planning {
         let mut requests = std::mem::take(&mut self.current);
         let repeated =
             requests.len() == self.previous.len() && requests.iter().map(key).eq(self.previous.iter().copied());
+        let mut unmatched = false;
         for (k, r) in requests.iter_mut().enumerate() {
-            if r.freed_at.is_none() && self.previous.get(k) == Some(&key(r)) {
-                r.wraps_to = self.carried_freed.get(k).copied().filter(|&f| f != NOT_FREED);
+            if r.freed_at.is_none() {
+                if self.previous.get(k) == Some(&key(r)) {
+                    r.wraps_to = self.carried_freed.get(k).copied().filter(|&f| f != NOT_FREED);
+                } else {
+                    unmatched = true;
+                }
             }
+        }
+        if unmatched {
+            self.wraps_by_key(&mut requests);
         }
         self.previous.clear();
         self.previous.extend(requests.iter().map(key));
@@ -560,6 +576,35 @@ impl Planning {
         self.cursor = 0;
         self.steps += 1;
         (StepProfile { step, requests }, repeated)
+    }
+
+    /// Wraps of the end-live requests that no request of the previous step
+    /// matches by position (a step of another kind came between, e.g. an
+    /// evaluation forward before the training one): the `i`-th such
+    /// request of a key takes the end of the `i`-th end-live request of
+    /// that key in the previous step that no position matched (both in
+    /// order), freed during this step.
+    #[cold]
+    fn wraps_by_key(&self, requests: &mut [PlanRequest]) {
+        let by_position = |k: usize, r: &PlanRequest| r.freed_at.is_none() && self.previous.get(k) == Some(&key(r));
+        let mut taken = vec![false; self.previous.len()];
+        for (k, r) in requests.iter().enumerate() {
+            if by_position(k, r) {
+                taken[k] = true;
+            }
+        }
+        let mut ends: std::collections::HashMap<Key, std::collections::VecDeque<u32>> =
+            std::collections::HashMap::new();
+        for (j, (&k, &f)) in self.previous.iter().zip(&self.carried_freed).enumerate() {
+            if f != NOT_FREED && !taken[j] {
+                ends.entry(k).or_default().push_back(f);
+            }
+        }
+        for (k, r) in requests.iter_mut().enumerate() {
+            if r.freed_at.is_none() && !by_position(k, r) {
+                r.wraps_to = ends.get_mut(&key(r)).and_then(|q| q.pop_front());
+            }
+        }
     }
 
     /// Leaves the active (cached first-step) plan for the rest of the
@@ -694,21 +739,34 @@ impl<D: Device> Allocator<D> {
         let p = self.planning.as_mut().expect("checked");
         if served.is_some() {
             p.step_hits += 1;
+            p.deviation_run = 0;
             self.stats.plan_hits += 1;
         } else {
             p.step_misses += 1;
             self.stats.plan_misses += 1;
             if !matches!(planned, Some((_, None))) {
                 p.step_deviations += 1;
+                p.deviation_run += 1;
             }
             // A cached first-step plan is chosen on the first request alone
             // and installed at once: a run that turns out to be another
             // training leaves it, and its arena, as soon as that is plain.
+            // Any other plan is left for the rest of the step once the step
+            // is plainly another — as many deviations in a row (a sequence
+            // length that changed within a plan of two steps; scattered
+            // ones are deviations of the same step): what the arena does
+            // not hold then goes to its free space before the dynamic path
+            // grows (`lend_idle_arena`), not beside it.
             let plan = &p.plans[i];
-            if plan.first_only && p.step_deviations > 8 + plan.keys.len() as u64 / 100 {
+            let most = 8 + plan.keys.len() as u64 / 100;
+            if plan.first_only && p.step_deviations > most {
                 p.leave_first();
                 p.left_first = true;
                 self.release_left_arena()?;
+            } else if !plan.first_only && p.deviation_run > most {
+                tracing::debug!(misses = p.step_deviations, "the step is not its plan's; left for the rest of it");
+                p.active = None;
+                p.matched.clear();
             }
         }
         Ok(served)
@@ -925,6 +983,7 @@ impl<D: Device> Allocator<D> {
         }
         let (hits, misses) = (std::mem::take(&mut p.step_hits), std::mem::take(&mut p.step_misses));
         p.step_deviations = 0;
+        p.deviation_run = 0;
         let served_plan = p.active.filter(|_| !p.installing);
         let first_step = p.steps == 0;
         p.deferred_arena = 0;
@@ -934,9 +993,16 @@ impl<D: Device> Allocator<D> {
         let known = profile.requests.iter().enumerate().filter(|(k, r)| r.plannable(*k as u32)).count();
         // A step with unknown lifetimes is planned only once it repeated the
         // previous step: before, the ends of its end-live requests could not
-        // be learned (they are freed in the next step).
-        let worth = n > 0 && known > 0 && (known == n || repeated);
-        let good = served_plan.is_some_and(|i| p.plans[i].known >= known) && misses * 100 <= (hits + misses);
+        // be learned (they are freed in the next step) — unless they are at
+        // most 1 in 100 (a step of a new shape after one of another: its
+        // gradients wrap as the other's did, a loss does not); they stay
+        // dynamic. Not in plans of two steps: keyed by their first request,
+        // the second step's shape would not be known when chosen.
+        let few_unknown = p.period == 1 && (n - known) * 100 <= n;
+        let worth = n > 0 && known > 0 && (known == n || repeated || few_unknown);
+        // (A settled plan misses up to 1 in 10 before it is planned again.)
+        let most = |i: usize| if p.plans[i].settled { 10 } else { 100 };
+        let good = served_plan.is_some_and(|i| p.plans[i].known >= known && misses * most(i) <= (hits + misses));
         // (Not when no plan serves the steps to come: they need that cache.)
         let trim = std::mem::take(&mut p.trim_pending)
             && served_plan.is_some()
@@ -1112,6 +1178,16 @@ impl<D: Device> Allocator<D> {
     fn make_plan(&mut self, profile: &StepProfile) -> Result<(), AllocError> {
         let Some(plan) = self.ask_planner(profile)? else { return Ok(()) };
         let p = self.planning.as_mut().expect("planning is on");
+        let same = |q: &StoredPlan| {
+            !q.first_only
+                && q.offsets == plan.offsets
+                && q.keys.len() == profile.requests.len()
+                && q.keys.iter().copied().eq(profile.requests.iter().map(key))
+        };
+        if let Some(q) = p.plans.iter_mut().find(|q| same(q)) {
+            q.settled = true;
+            return Ok(());
+        }
         // The profile is copied only for a plan cache (its buffer serves the next step).
         let c = CachedPlan { profile: StepProfile::default(), plan, persistent: Vec::new() };
         let stored = if p.cache.is_some() {
@@ -1222,7 +1298,11 @@ impl<D: Device> Allocator<D> {
         // Never above the dynamic path's own peak: the arena and what stays
         // dynamic must fit in the most reserved so far — estimated before
         // the cache is given back (whole free segments and free pages), then
-        // checked after.
+        // checked after. A paged dynamic path reserves whole pages, so its
+        // peak is known to within one: a plan within a page of it is no
+        // worse (the step's small tensors that share the pages of persistent
+        // ones leave the dynamic peak a little under the plan's bound plus
+        // those pages; 0.8 MB of 9 GB on a recorded Llama step).
         let high_water = self.planning.as_ref().map_or(0, |p| {
             let cached = if p.plans[i].from_cache { p.cached_high_water } else { 0 };
             p.high_water.max(cached)
@@ -1236,6 +1316,8 @@ impl<D: Device> Allocator<D> {
             .sum();
         let cached = unpaged_free + self.free_page_bytes();
         let estimate = self.stats.bytes.reserved_bytes.saturating_sub(cached).saturating_add(want + kept);
+        let page = if self.policies.reclamation_wants_pages() { self.device.granularity() } else { 0 };
+        let high_water = high_water.saturating_add(page);
         if estimate > high_water {
             return Ok(self.refuse_arena(want + kept, estimate, high_water));
         }
@@ -1385,6 +1467,52 @@ impl<D: Device> Allocator<D> {
             let a = self.planning.as_mut().expect("planning is on").arenas.remove(i);
             self.release_arena(a)?;
         }
+    }
+
+    /// When the dynamic path would grow during a step no plan serves (after
+    /// the first): a block for `req` in the free space of the current arena
+    /// (best fit), when the arena holds some tensor. An arena that holds
+    /// none goes instead ([`Allocator::release_arena_for_dynamic_step`]).
+    /// Planned ranges are taken only when free, so a later step's plan
+    /// finds a tensor served here as a deviation, never under its own.
+    pub(super) fn lend_idle_arena(&mut self, req: &AllocRequest) -> Option<(u32, u32)> {
+        let p = self.planning.as_ref().filter(|p| p.active.is_none() && p.steps > 0)?;
+        let last = p.arenas.len().checked_sub(1)?;
+        let arena = &p.arenas[last];
+        if Some(arena.seg) == p.kept_seg || self.arena_is_free(arena.seg) {
+            return None;
+        }
+        let size = req.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
+        let blocks = &self.arena.blocks;
+        let mut b = self.arena.segments.get(arena.seg).first;
+        let mut best: Option<(u64, u64)> = None;
+        while let Some(blk) = blocks.try_get(b) {
+            if blk.is_free() && blk.size >= size && best.is_none_or(|(s, _)| blk.size < s) {
+                best = Some((blk.size, blk.offset));
+            }
+            b = blk.next;
+        }
+        let (_, off) = best?;
+        self.take_range(last, off, size, req.stream)
+    }
+
+    /// Before the dynamic path grows during a step no plan serves (none
+    /// matched it, or it left its plan before the arena was installed): the
+    /// current arena goes once it holds nothing, so that the step's memory
+    /// is not reserved twice (the arena and the dynamic pages beside it).
+    /// Its plans are not refused: a step they serve installs it again,
+    /// under the peak guard. The kept arena stays. Returns the bytes released.
+    pub(super) fn release_arena_for_dynamic_step(&mut self) -> Result<u64, AllocError> {
+        let Some(p) = self.planning.as_ref().filter(|p| p.active.is_none()) else { return Ok(0) };
+        let Some(a) = p.arenas.last().filter(|a| Some(a.seg) != p.kept_seg) else { return Ok(0) };
+        if !self.arena_is_free(a.seg) {
+            return Ok(0);
+        }
+        let a = self.planning.as_mut().expect("checked").arenas.pop().expect("checked");
+        tracing::debug!(bytes = a.size, "a step no plan serves grows: its idle arena goes first");
+        let size = a.size;
+        self.release_arena(a)?;
+        Ok(size)
     }
 
     /// Under memory pressure: releases every arena that is entirely free
