@@ -848,7 +848,7 @@ fn template_strategy() -> impl Strategy<Value = Vec<Req>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(40), ..ProptestConfig::default() })]
 
     #[test]
     fn deviations_never_corrupt_or_add_ooms(

@@ -171,6 +171,7 @@ pub const SDK_FILES: [(&str, &str); 16] = [
     ("src/runtime.rs", include_str!("../../../policies/sdk/src/runtime.rs")),
     ("plan-core/Cargo.toml", include_str!("../../../policies/sdk/plan-core/Cargo.toml")),
     ("plan-core/src/lib.rs", include_str!("../../../policies/sdk/plan-core/src/lib.rs")),
+    ("plan-core/src/aliased.rs", include_str!("../../../policies/sdk/plan-core/src/aliased.rs")),
     ("wit/eviction.wit", include_str!("../../../policies/sdk/wit/eviction.wit")),
     ("wit/host.wit", include_str!("../../../policies/sdk/wit/host.wit")),
     ("wit/lifecycle.wit", include_str!("../../../policies/sdk/wit/lifecycle.wit")),

@@ -52,6 +52,9 @@
 
 extern crate alloc;
 
+mod aliased;
+pub use aliased::{aliased, swap_zones, AliasedPlan, PAGE};
+
 use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::vec;
 use alloc::vec::Vec;
@@ -326,6 +329,14 @@ pub fn live_bound(requests: &[Request]) -> u64 {
         most = most.max(live);
     }
     u64::try_from(most).unwrap_or(u64::MAX)
+}
+
+/// Whether a profile is two like steps: an even number of requests whose
+/// second half asks, position by position, the planned bytes of the first
+/// (what the engine profiles when it plans two training steps at a time).
+pub fn halves_alike(reqs: &[Request]) -> bool {
+    let h = reqs.len() / 2;
+    h > 0 && reqs.len().is_multiple_of(2) && (0..h).all(|k| reqs[k].planned_bytes() == reqs[k + h].planned_bytes())
 }
 
 /// Greedy by size alone (the second plan of [`plan`], whatever its work):
