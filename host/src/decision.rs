@@ -434,6 +434,13 @@ impl Plan {
     }
 }
 
+/// A plan of two like steps in an aliased arena: one physical arena of
+/// `arena_bytes` mapped at two virtual windows, the second with its end
+/// zones of `zone_bytes` swapped; request `k` of the profile's first half at
+/// `offsets[k]` of window 0, request `k + n/2` at `offsets[k + n/2]` of
+/// window 1 (see `wasmem_plan_core::aliased`).
+pub use wasmem_plan_core::AliasedPlan;
+
 /// The planning decision point: at a step boundary, a plan for the steps
 /// that repeat the profiled one.
 pub trait PlannerPolicy: Send {
@@ -441,6 +448,15 @@ pub trait PlannerPolicy: Send {
     fn name(&self) -> &str;
     /// A plan for `profile` (one offset per request, or none).
     fn plan(&mut self, profile: &StepProfile, ctx: &PolicyContext) -> Result<Plan, PolicyError>;
+    /// For a profile of two like training steps (the engine plans two at a
+    /// time when a step's output outlives its next instance): a plan in an
+    /// aliased arena ([`AliasedPlan`]), or `None` (the default: the plain
+    /// plan of [`PlannerPolicy::plan`] serves). WIT 0.3.0 has no such call:
+    /// only native planners make them.
+    fn plan_aliased(&mut self, profile: &StepProfile, ctx: &PolicyContext) -> Option<AliasedPlan> {
+        let _ = (profile, ctx);
+        None
+    }
     /// The learned state behind this role (see [`PolicyState`]).
     fn state(&self) -> Option<StateHandle> {
         None
@@ -489,6 +505,64 @@ pub fn validate_plan(profile: &StepProfile, plan: &Plan, max_arena: u64) -> Resu
             }
         }
     }
+    sweep(events, n)
+}
+
+/// Checks an aliased plan against its profile of two like steps: one entry
+/// per request; the arena and its zones whole multiples of `granularity`,
+/// the zones at most half of it, the arena at most `max_arena` bytes; every
+/// planned request plannable, aligned to [`PLAN_ALIGN`] and inside its
+/// window; and no two planned requests whose lifetimes overlap sharing a
+/// byte of *physical* memory (window 1 seen through the zone swap).
+pub fn validate_aliased(
+    profile: &StepProfile,
+    plan: &AliasedPlan,
+    granularity: u64,
+    max_arena: u64,
+) -> Result<(), InvalidDecision> {
+    let bad = |m: String| Err(InvalidDecision(m));
+    let reqs = &profile.requests;
+    if plan.offsets.len() != reqs.len() || reqs.len() % 2 != 0 {
+        return bad(format!("the aliased plan has {} entries for {} requests", plan.offsets.len(), reqs.len()));
+    }
+    let (arena, zone) = (plan.arena_bytes, plan.zone_bytes);
+    let g = granularity.max(1);
+    if arena == 0 || arena % g != 0 || zone % g != 0 || zone.saturating_mul(2) > arena {
+        return bad(format!("an aliased arena of {arena} bytes with zones of {zone} is not whole pages of {g} with zones at most half of it"));
+    }
+    if arena > max_arena {
+        return bad(format!("an arena of {arena} bytes exceeds the {max_arena} bytes the device allows"));
+    }
+    let n = u32::try_from(reqs.len()).map_err(|_| InvalidDecision("more than 2^32 requests".into()))?;
+    let mut events = Vec::with_capacity(2 * reqs.len());
+    let mut pieces = Vec::with_capacity(3);
+    for (k, (r, off)) in reqs.iter().zip(&plan.offsets).enumerate() {
+        let Some(off) = *off else { continue };
+        if !r.plannable(k as u32) {
+            return bad(format!("request {k} has no known end of life in the cycle and cannot be planned"));
+        }
+        if off % PLAN_ALIGN != 0 {
+            return bad(format!("request {k}: offset {off} is not a multiple of {PLAN_ALIGN}"));
+        }
+        if off.checked_add(r.planned_bytes()).is_none_or(|e| e > arena) {
+            return bad(format!("request {k}: [{off}, +{}) leaves its window of {arena} bytes", r.planned_bytes()));
+        }
+        pieces.clear();
+        plan.physical(k, reqs.len(), off, r.planned_bytes(), &mut pieces);
+        let (iv, m) = r.intervals(k as u32, n);
+        for &(t0, t1) in iv[..m].iter().filter(|(t0, t1)| t0 < t1) {
+            for &(o, e) in &pieces {
+                events.push((t0, true, o, e, k as u32));
+                events.push((t1, false, o, e, k as u32));
+            }
+        }
+    }
+    sweep(events, n)
+}
+
+/// The overlap check of [`validate_plan`] and [`validate_aliased`] over
+/// `(time, is_start, offset, end offset, request)` events of a cycle of `n`.
+fn sweep(events: Vec<(u32, bool, u64, u64, u32)>, n: u32) -> Result<(), InvalidDecision> {
     // In time order, ends before starts at the same time (a block freed
     // before request t is free for it): a counting sort by (time, start),
     // times being at most n. The order within one slot does not matter: a
@@ -516,7 +590,10 @@ pub fn validate_plan(profile: &StepProfile, plan: &Plan, max_arena: u64) -> Resu
         }
         if let Some((&o, &(e, j))) = active.range(..end).next_back() {
             if e > off && o < end {
-                return bad(format!("requests {j} and {k} are live at once and share bytes at offset {}", off.max(o)));
+                return Err(InvalidDecision(format!(
+                    "requests {j} and {k} are live at once and share bytes at offset {}",
+                    off.max(o)
+                )));
             }
         }
         active.insert(off, (end, k));
@@ -763,5 +840,46 @@ mod tests {
         assert!(validate_victims(&cands, &[cands[1].id]).is_err());
         assert!(validate_victims(&cands, &[cands[0].id, cands[0].id]).is_err());
         assert!(validate_victims(&cands, &[TensorId { slot: 9, generation: 0 }]).is_err());
+    }
+
+    #[test]
+    fn aliased_plans_are_checked_in_physical_memory() {
+        const P: u64 = 2 << 20;
+        let r = |bytes, freed_at, wraps_to| PlanRequest {
+            bytes,
+            kind: TensorKind::Activation,
+            stream: StreamId(0),
+            freed_at,
+            wraps_to,
+        };
+        // Two steps of two requests: an output (0, 2) live into the next
+        // step past its next instance, and a temporary (1, 3).
+        let profile = StepProfile {
+            step: 1,
+            requests: vec![r(P, Some(3), None), r(P, Some(2), None), r(P, None, Some(1)), r(P, Some(4), None)],
+        };
+        let plan = |offsets: Vec<Option<u64>>| AliasedPlan { arena_bytes: 3 * P, zone_bytes: P, offsets };
+        // The outputs in the low zone of each window: physically the low zone, then the high one.
+        let ok = plan(vec![Some(0), Some(P), Some(0), Some(P)]);
+        validate_aliased(&profile, &ok, P, 1 << 40).unwrap();
+        // Output 2 in the high zone of window 1: physically the low zone, where output 0 still lives.
+        let clash = plan(vec![Some(0), Some(P), Some(2 * P), Some(P)]);
+        assert!(validate_aliased(&profile, &clash, P, 1 << 40).is_err());
+        // Output 0 in the middle, output 2 (window 1) in the middle too: the same physical bytes at once.
+        let same = plan(vec![Some(P), Some(0), Some(P), Some(2 * P)]);
+        assert!(validate_aliased(&profile, &same, P, 1 << 40).is_err());
+        // Out of the window, unaligned, a zone over half, not whole pages, too large, the wrong length.
+        assert!(validate_aliased(&profile, &plan(vec![Some(3 * P), None, None, None]), P, 1 << 40).is_err());
+        assert!(validate_aliased(&profile, &plan(vec![Some(100), None, None, None]), P, 1 << 40).is_err());
+        let zones = AliasedPlan { zone_bytes: 2 * P, ..ok.clone() };
+        assert!(validate_aliased(&profile, &zones, P, 1 << 40).is_err());
+        let pages = AliasedPlan { arena_bytes: 3 * P + 512, ..ok.clone() };
+        assert!(validate_aliased(&profile, &pages, P, 1 << 40).is_err());
+        assert!(validate_aliased(&profile, &ok, P, 2 * P).is_err());
+        assert!(validate_aliased(&profile, &plan(vec![Some(0)]), P, 1 << 40).is_err());
+        // What the built-in planner makes for it is valid.
+        let core: Vec<_> = profile.requests.iter().map(|q| q.core()).collect();
+        let made = wasmem_plan_core::aliased(&core).expect("two like steps");
+        validate_aliased(&profile, &made, P, 1 << 40).unwrap();
     }
 }

@@ -30,7 +30,7 @@
 //! the policy SDK's default planner calls too: the shipped `greedy-planner`
 //! component plans exactly as this one, plan for plan.
 
-use crate::decision::{Plan, PlannerPolicy, PolicyContext, PolicyError, StepProfile};
+use crate::decision::{AliasedPlan, Plan, PlannerPolicy, PolicyContext, PolicyError, StepProfile};
 
 pub use wasmem_plan_core::GREEDY_WORK;
 
@@ -54,6 +54,11 @@ impl PlannerPolicy for GreedyPlanner {
 
     fn plan(&mut self, profile: &StepProfile, _ctx: &PolicyContext) -> Result<Plan, PolicyError> {
         Ok(Self::plan_profile(profile))
+    }
+
+    fn plan_aliased(&mut self, profile: &StepProfile, _ctx: &PolicyContext) -> Option<AliasedPlan> {
+        let requests: Vec<wasmem_plan_core::Request> = profile.requests.iter().map(|r| r.core()).collect();
+        wasmem_plan_core::aliased(&requests)
     }
 }
 

@@ -77,7 +77,9 @@ struct Range {
 struct Phys {
     size: u64,
     backing: Option<Vec<u8>>,
-    mapped_at: Option<DevicePtr>,
+    /// Mappings that refer to it (one allocation may be mapped at several
+    /// addresses: aliases).
+    maps: u32,
 }
 
 /// The simulated device.
@@ -300,6 +302,7 @@ impl SimDevice {
         if self.counters.used_bytes > self.cfg.capacity {
             return Err("used exceeds capacity".into());
         }
+        let mut maps: FxHashMap<u64, u32> = FxHashMap::default();
         for (va, ph, size) in self.mappings.iter() {
             let (&rbase, &rsize) = self
                 .reservations
@@ -310,8 +313,14 @@ impl SimDevice {
                 return Err(format!("mapping {va:#x} overruns its reservation"));
             }
             match self.physical.get(&ph.0) {
-                Some(p) if p.mapped_at == Some(va) && p.size == size => {}
+                Some(p) if p.size == size => *maps.entry(ph.0).or_default() += 1,
                 _ => return Err(format!("mapping {va:#x} refers to a bad physical allocation")),
+            }
+        }
+        for (id, p) in &self.physical {
+            let n = maps.get(id).copied().unwrap_or(0);
+            if p.maps != n {
+                return Err(format!("physical {id} counts {} mappings, {n} refer to it", p.maps));
             }
         }
         Ok(())
@@ -438,7 +447,7 @@ impl Device for SimDevice {
         };
         let h = self.next_phys;
         self.next_phys += 1;
-        self.physical.insert(h, Phys { size: bytes, backing, mapped_at: None });
+        self.physical.insert(h, Phys { size: bytes, backing, maps: 0 });
         self.counters.alloc_calls += 1;
         let c = self.cfg.cost.map_us;
         self.charge(c);
@@ -448,7 +457,7 @@ impl Device for SimDevice {
     fn release_physical(&mut self, phys: PhysHandle) -> Result<(), DeviceError> {
         match self.physical.get(&phys.0) {
             None => return Err(DeviceError::Invalid(format!("unknown physical handle {}", phys.0))),
-            Some(p) if p.mapped_at.is_some() => {
+            Some(p) if p.maps > 0 => {
                 return Err(DeviceError::Invalid(format!("physical handle {} is still mapped", phys.0)))
             }
             Some(_) => {}
@@ -462,11 +471,9 @@ impl Device for SimDevice {
     }
 
     fn map(&mut self, va: DevicePtr, phys: PhysHandle) -> Result<(), DeviceError> {
+        // (One allocation may be mapped at several addresses: aliases.)
         let p = match self.physical.get_mut(&phys.0) {
             None => return Err(DeviceError::Invalid(format!("unknown physical handle {}", phys.0))),
-            Some(p) if p.mapped_at.is_some() => {
-                return Err(DeviceError::Invalid(format!("physical handle {} is already mapped", phys.0)))
-            }
             Some(p) => p,
         };
         let size = p.size;
@@ -485,7 +492,7 @@ impl Device for SimDevice {
         if !self.mappings.insert(va, phys, size) {
             return Err(DeviceError::Invalid(format!("{va:#x}+{size} overlaps an existing mapping")));
         }
-        p.mapped_at = Some(va);
+        p.maps += 1;
         let c = self.cfg.cost.map_us;
         self.charge(c);
         Ok(())
@@ -494,7 +501,7 @@ impl Device for SimDevice {
     fn unmap(&mut self, va: DevicePtr) -> Result<(), DeviceError> {
         let (phys, _) =
             self.mappings.remove(va).ok_or_else(|| DeviceError::Invalid(format!("nothing is mapped at {va:#x}")))?;
-        self.physical.get_mut(&phys.0).expect("mapped physical exists").mapped_at = None;
+        self.physical.get_mut(&phys.0).expect("mapped physical exists").maps -= 1;
         let c = self.cfg.cost.map_us;
         self.charge(c);
         Ok(())
@@ -568,6 +575,29 @@ mod tests {
 
     fn small(host_backed: bool) -> SimDevice {
         SimDevice::new(SimConfig { capacity: 16 * MIB, host_backed, ..SimConfig::default() })
+    }
+
+    #[test]
+    fn one_physical_allocation_mapped_at_two_addresses_is_one_memory() {
+        let mut d = small(true);
+        let g = d.granularity();
+        let va = d.reserve_virtual(4 * g).unwrap();
+        let p = d.create_physical(g).unwrap();
+        d.map(va, p).unwrap();
+        d.map(va + 3 * g, p).unwrap();
+        d.check_invariants().unwrap();
+        assert_eq!(d.counters().used_bytes, g, "an alias holds no more memory");
+        d.write(va + 100, b"alias").unwrap();
+        let mut out = [0u8; 5];
+        d.read(va + 3 * g + 100, &mut out).unwrap();
+        assert_eq!(&out, b"alias");
+        assert!(d.map(va, p).is_err(), "the address is taken");
+        d.unmap(va).unwrap();
+        assert!(d.release_physical(p).is_err(), "still mapped at its alias");
+        d.unmap(va + 3 * g).unwrap();
+        d.release_physical(p).unwrap();
+        d.release_virtual(va).unwrap();
+        d.check_invariants().unwrap();
     }
 
     #[test]

@@ -162,7 +162,7 @@ pub const WIT_FILES: [(&str, &str); 8] = [
 ];
 
 /// The Rust SDK (`policies/sdk`), embedded, with its copy of the WIT package.
-pub const SDK_FILES: [(&str, &str); 16] = [
+pub const SDK_FILES: [(&str, &str); 17] = [
     ("Cargo.toml", include_str!("../../../policies/sdk/Cargo.toml")),
     ("src/lib.rs", include_str!("../../../policies/sdk/src/lib.rs")),
     ("src/bindings.rs", include_str!("../../../policies/sdk/src/bindings.rs")),

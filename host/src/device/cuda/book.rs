@@ -9,7 +9,8 @@
 //! Invariants (checked by [`Book::check_invariants`]):
 //! - `used = Σ segment sizes + Σ physical sizes`;
 //! - every mapping lies inside one reservation and refers to one physical
-//!   allocation whose `mapped_at` is that mapping's start (and vice versa);
+//!   allocation of its size, whose `maps` counts the mappings that refer
+//!   to it (one allocation may be mapped at several addresses: aliases);
 //! - mappings never overlap.
 
 use std::collections::BTreeMap;
@@ -25,8 +26,8 @@ pub(crate) struct Phys {
     pub(crate) handle: u64,
     /// Size in bytes.
     pub(crate) size: u64,
-    /// Where it is mapped, if it is.
-    pub(crate) mapped_at: Option<DevicePtr>,
+    /// How many mappings refer to it (aliases of one allocation).
+    pub(crate) maps: u32,
 }
 
 /// What the backend holds from the driver.
@@ -57,7 +58,7 @@ impl Book {
     pub(crate) fn add_physical(&mut self, handle: u64, size: u64) -> PhysHandle {
         self.next_phys += 1;
         let id = self.next_phys;
-        self.physical.insert(id, Phys { handle, size, mapped_at: None });
+        self.physical.insert(id, Phys { handle, size, maps: 0 });
         PhysHandle(id)
     }
 
@@ -79,18 +80,16 @@ impl Book {
     pub(crate) fn releasable_physical(&self, phys: PhysHandle) -> Result<Phys, DeviceError> {
         match self.physical.get(&phys.0) {
             None => Err(invalid(format!("unknown physical handle {}", phys.0))),
-            Some(p) if p.mapped_at.is_some() => Err(invalid(format!("physical handle {} is still mapped", phys.0))),
+            Some(p) if p.maps > 0 => Err(invalid(format!("physical handle {} is still mapped", phys.0))),
             Some(p) => Ok(*p),
         }
     }
 
-    /// Checks that `phys` may be mapped at `va`; returns the allocation.
+    /// Checks that `phys` may be mapped at `va` (also when it is mapped
+    /// elsewhere already: an alias); returns the allocation.
     pub(crate) fn mappable(&self, va: DevicePtr, phys: PhysHandle, granularity: u64) -> Result<Phys, DeviceError> {
         let p = match self.physical.get(&phys.0) {
             None => return Err(invalid(format!("unknown physical handle {}", phys.0))),
-            Some(p) if p.mapped_at.is_some() => {
-                return Err(invalid(format!("physical handle {} is already mapped", phys.0)))
-            }
             Some(p) => *p,
         };
         let size = p.size;
@@ -114,7 +113,7 @@ impl Book {
     pub(crate) fn add_mapping(&mut self, va: DevicePtr, phys: PhysHandle, size: u64) {
         self.mappings.insert(va, (phys, size));
         if let Some(p) = self.physical.get_mut(&phys.0) {
-            p.mapped_at = Some(va);
+            p.maps += 1;
         }
     }
 
@@ -127,7 +126,7 @@ impl Book {
     pub(crate) fn remove_mapping(&mut self, va: DevicePtr) {
         if let Some((phys, _)) = self.mappings.remove(&va) {
             if let Some(p) = self.physical.get_mut(&phys.0) {
-                p.mapped_at = None;
+                p.maps -= 1;
             }
         }
     }
@@ -159,6 +158,7 @@ impl Book {
             return Err(format!("used counter {used} != held bytes {}", self.used()));
         }
         let mut prev_end = 0u64;
+        let mut maps: FxHashMap<u64, u32> = FxHashMap::default();
         for (&va, &(ph, size)) in &self.mappings {
             if va < prev_end {
                 return Err(format!("mapping {va:#x} overlaps the previous one"));
@@ -173,15 +173,14 @@ impl Book {
                 return Err(format!("mapping {va:#x} overruns its reservation"));
             }
             match self.physical.get(&ph.0) {
-                Some(p) if p.mapped_at == Some(va) && p.size == size => {}
+                Some(p) if p.size == size => *maps.entry(ph.0).or_default() += 1,
                 _ => return Err(format!("mapping {va:#x} refers to a bad physical allocation")),
             }
         }
         for (id, p) in &self.physical {
-            if let Some(va) = p.mapped_at {
-                if self.mappings.get(&va).map(|m| m.0) != Some(PhysHandle(*id)) {
-                    return Err(format!("physical {id} claims a mapping at {va:#x} that does not exist"));
-                }
+            let n = maps.get(id).copied().unwrap_or(0);
+            if p.maps != n {
+                return Err(format!("physical {id} counts {} mappings, {n} refer to it", p.maps));
             }
         }
         Ok(())
@@ -216,7 +215,11 @@ mod tests {
         b.add_mapping(va + G, p1, G);
         assert!(b.mappable(va + G, p2, G).is_err(), "occupied");
         assert!(b.mappable(va, p3, G).is_err(), "overlaps the next mapping");
-        assert!(b.mappable(va + 3 * G, p1, G).is_err(), "already mapped");
+        // An alias: the same allocation at a second address.
+        assert!(b.mappable(va + 3 * G, p1, G).is_ok(), "an alias");
+        b.add_mapping(va + 3 * G, p1, G);
+        b.check_invariants(b.used()).unwrap();
+        b.remove_mapping(va + 3 * G);
         b.add_mapping(va, p2, G);
         assert!(b.releasable_physical(p1).is_err());
         assert!(b.releasable_reservation(va).is_err());

@@ -189,7 +189,7 @@ pub(crate) unsafe fn mem_release(handle: u64) -> Result<(), DriverError> {
 ///
 /// `[va, va + size)` lies inside a reservation, is granularity-aligned and has
 /// nothing mapped; `handle` is a live physical allocation of exactly `size`
-/// bytes that is not mapped.
+/// bytes (it may be mapped at other addresses too: the driver allows aliases).
 pub(crate) unsafe fn map_rw(
     va: sys::CUdeviceptr,
     size: usize,

@@ -188,7 +188,7 @@ impl CudaDevice {
     }
 
     /// Checks the backend's bookkeeping: `used = Σ segments + Σ physical`,
-    /// mappings inside reservations, each physical allocation mapped at most once.
+    /// mappings inside reservations, each counted by its physical allocation.
     pub fn check_invariants(&self) -> Result<(), crate::types::InvariantError> {
         self.book.check_invariants(self.counters.used_bytes).map_err(crate::types::InvariantError)
     }
@@ -481,8 +481,8 @@ impl Device for CudaDevice {
         self.bind()?;
         let t0 = Instant::now();
         // SAFETY: the book checked that the range is aligned, inside a
-        // reservation and unmapped, and that the handle is live, unmapped and
-        // of exactly this size.
+        // reservation and unmapped, and that the handle is live and of
+        // exactly this size (it may be mapped elsewhere too: an alias).
         let r = unsafe { driver::map_rw(va, p.size as usize, p.handle, self.ordinal) };
         self.charge(t0);
         match r {
