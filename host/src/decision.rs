@@ -522,12 +522,12 @@ pub fn validate_aliased(
 ) -> Result<(), InvalidDecision> {
     let bad = |m: String| Err(InvalidDecision(m));
     let reqs = &profile.requests;
-    if plan.offsets.len() != reqs.len() || reqs.len() % 2 != 0 {
+    if plan.offsets.len() != reqs.len() || !reqs.len().is_multiple_of(2) {
         return bad(format!("the aliased plan has {} entries for {} requests", plan.offsets.len(), reqs.len()));
     }
     let (arena, zone) = (plan.arena_bytes, plan.zone_bytes);
     let g = granularity.max(1);
-    if arena == 0 || arena % g != 0 || zone % g != 0 || zone.saturating_mul(2) > arena {
+    if arena == 0 || !arena.is_multiple_of(g) || !zone.is_multiple_of(g) || zone.saturating_mul(2) > arena {
         return bad(format!("an aliased arena of {arena} bytes with zones of {zone} is not whole pages of {g} with zones at most half of it"));
     }
     if arena > max_arena {
