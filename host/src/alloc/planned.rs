@@ -54,9 +54,10 @@ use super::policies::RoleHealth;
 use super::slab::{Block, Segment, NIL};
 use super::{ActionKind, AllocError, Allocator, InvariantError, Pool, Tier};
 use crate::decision::{
-    cycle_live, validate_plan, AllocRequest, Plan, PlanRequest, PlannerPolicy, ReclaimDecision, StepProfile, PLAN_ALIGN,
+    cycle_live, validate_aliased, validate_plan, AliasedPlan, AllocRequest, Plan, PlanRequest, PlannerPolicy,
+    ReclaimDecision, StepProfile, PLAN_ALIGN,
 };
-use crate::device::{Device, DevicePtr};
+use crate::device::{Device, DevicePtr, PhysHandle};
 use crate::types::{StreamId, TensorId, TensorKind};
 
 /// Plans kept at once (different kinds of steps).
@@ -102,6 +103,10 @@ struct StoredPlan {
     /// misses are the steps around it (another kind of step leaving its
     /// tensors where this plan expects its own), not for a new plan.
     settled: bool,
+    /// An aliased plan (two steps in two windows over one arena): the
+    /// bytes of each end zone; 0: a plain plan. Its offsets are then
+    /// virtual, the second half's in window 1 (`+ arena_bytes / 2`).
+    zone: u64,
 }
 
 impl StoredPlan {
@@ -137,6 +142,31 @@ impl StoredPlan {
             from_cache: false,
             cached: None,
             settled: false,
+            zone: 0,
+        }
+    }
+
+    /// A stored aliased plan of `plan` for `profile` (two like steps): the
+    /// arena is its two windows (`2 ×` the physical bytes), the second
+    /// half's offsets in window 1. Not kept for a plan cache.
+    fn of_aliased(profile: &StepProfile, plan: &AliasedPlan, now: u64) -> Self {
+        let h = plan.offsets.len() / 2;
+        let offsets: Vec<Option<u64>> = plan
+            .offsets
+            .iter()
+            .enumerate()
+            .map(|(k, o)| o.map(|o| if k < h { o } else { o + plan.arena_bytes }))
+            .collect();
+        let flat = Plan { arena_bytes: 2 * plan.arena_bytes, offsets };
+        StoredPlan { zone: plan.zone_bytes, ..Self::build(&profile.requests, &flat, &[], 0, false, now) }
+    }
+
+    /// Physical bytes of its arena (an aliased plan's two windows share them).
+    fn physical(&self) -> u64 {
+        if self.zone > 0 {
+            self.arena_bytes / 2
+        } else {
+            self.arena_bytes
         }
     }
 
@@ -205,14 +235,53 @@ struct Arena {
     /// Per 2 MiB of the arena, a block that was there when last touched
     /// (validated on use).
     near: Vec<u32>,
+    /// An aliased arena: the bytes of each end zone (0: a plain one, one
+    /// device allocation). Its segment is two windows of `size / 2` over
+    /// the same physical memory, the second with its end zones swapped.
+    zone: u64,
+    /// An aliased arena's physical allocations: low zone, middle, high
+    /// zone (`None`: none, or not made yet).
+    phys: [Option<PhysHandle>; 3],
+    /// An aliased arena's zone not made yet (0: low, 2: high): where the
+    /// tensors of the step before its install lay in the plan, still live
+    /// on the dynamic path then; made once a request needs it.
+    pending: Option<usize>,
 }
 
 impl Arena {
     fn new(seg: u32, base: DevicePtr, size: u64, block: u32) -> Self {
         let spans = size.div_ceil(1 << HINT_SPAN_LOG2) as usize;
-        let mut a = Arena { seg, base, size, starts: vec![NIL; START_SLOTS], finger: block, near: vec![block; spans] };
+        let near = vec![block; spans];
+        let (zone, phys, pending) = (0, [None; 3], None);
+        let mut a = Arena { seg, base, size, starts: vec![NIL; START_SLOTS], finger: block, near, zone, phys, pending };
         a.started(0, block);
         a
+    }
+
+    /// Physical bytes it holds (an aliased arena's windows share them).
+    fn physical(&self) -> u64 {
+        if self.zone > 0 {
+            self.size / 2 - if self.pending.is_some() { self.zone } else { 0 }
+        } else {
+            self.size
+        }
+    }
+
+    /// An aliased arena's parts (low zone, middle, high zone): bytes, and
+    /// offsets in window 0 and window 1.
+    fn parts(&self) -> [(u64, u64, u64); 3] {
+        let (half, zone) = (self.size / 2, self.zone);
+        [(zone, 0, 2 * half - zone), (half - 2 * zone, zone, half + zone), (zone, half - zone, half)]
+    }
+
+    /// Whether `[off, off + size)` (of one window) uses the physical memory
+    /// of the zone not made yet.
+    #[inline]
+    fn touches_pending(&self, off: u64, size: u64) -> bool {
+        let Some(p) = self.pending else { return false };
+        let (bytes, w0, w1) = self.parts()[p];
+        let meets = |at: u64| off < at + bytes && at < off + size;
+        meets(w0) || meets(w1)
     }
 
     /// Notes that free block `blk` starts at `offset`.
@@ -415,9 +484,9 @@ impl Planning {
         self.planner.name()
     }
 
-    /// Bytes of the current arena (0: none).
-    fn arena_size(&self) -> u64 {
-        self.arenas.last().filter(|a| Some(a.seg) != self.kept_seg).map_or(0, |a| a.size)
+    /// Bytes and zone of the current arena ((0, 0): none).
+    fn current_arena(&self) -> (u64, u64) {
+        self.arenas.last().filter(|a| Some(a.seg) != self.kept_seg).map_or((0, 0), |a| (a.size, a.zone))
     }
 
     /// Drops every stored plan and the step's use of one.
@@ -458,7 +527,7 @@ impl Planning {
             .plans
             .iter()
             .enumerate()
-            .filter(|(_, p)| p.keys.first() == Some(&k) && p.arena_bytes < refused && (first_step || !p.first_only))
+            .filter(|(_, p)| p.keys.first() == Some(&k) && p.physical() < refused && (first_step || !p.first_only))
             .max_by_key(|(_, p)| (p.first_only, p.last_used))
             .map(|(i, _)| i);
         self.cursor = 0;
@@ -472,9 +541,13 @@ impl Planning {
                     c.dirty = true;
                 }
             }
-            // A larger arena, or the kept arena of a first-step plan.
+            // A larger arena (an aliased plan: its own), or the kept arena
+            // of a first-step plan.
             let kept = self.plans[i].kept_bytes > 0 && self.kept_seg.is_none();
-            self.installing = kept || self.plans[i].arena_bytes > self.arena_size();
+            let (size, zone) = self.current_arena();
+            let (want, want_zone) = (self.plans[i].arena_bytes, self.plans[i].zone);
+            let fits = zone == want_zone && if zone > 0 { want == size } else { want <= size };
+            self.installing = kept || !fits;
         }
     }
 
@@ -731,8 +804,17 @@ impl<D: Device> Allocator<D> {
             }
         }
         let deferred = self.planning.as_ref().is_some_and(|p| p.deferred_arena > 0);
+        let size = req.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
+        let pending = |p: &Planning, off: u64| {
+            off & KEPT == 0 && p.arenas.last().is_some_and(|a| a.pending.is_some() && a.touches_pending(off, size))
+        };
         let served = match planned {
             Some((_, Some(off))) if deferred && off & KEPT == 0 && !self.open_deferred_arena()? => None,
+            Some((_, Some(off)))
+                if self.planning.as_ref().is_some_and(|p| pending(p, off)) && !self.complete_aliased_arena()? =>
+            {
+                None
+            }
             Some((_, Some(off))) => self.take_arena_range(off, req.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN, req.stream),
             _ => None,
         };
@@ -922,6 +1004,10 @@ impl<D: Device> Allocator<D> {
             // Blocks stay on the stream of their segment; the arena is on stream 0.
             return None;
         }
+        if arena.zone > 0 && (arena.touches_pending(off, size) || !alias_free(blocks, arena, off, size)) {
+            // Its physical memory is taken through the other window.
+            return None;
+        }
         // Before the range: a free remainder (keeps `blk`).
         let mut cur = blk;
         if off > b.offset {
@@ -1023,7 +1109,7 @@ impl<D: Device> Allocator<D> {
         let futile = p
             .plans
             .iter()
-            .any(|q| q.keys.first() == first.as_ref() && q.known >= known && q.arena_bytes >= p.refused_arena);
+            .any(|q| q.keys.first() == first.as_ref() && q.known >= known && q.physical() >= p.refused_arena);
         if first_step {
             self.end_first_step(&profile, served_plan.filter(|_| good))?;
         }
@@ -1173,13 +1259,59 @@ impl<D: Device> Allocator<D> {
         Ok(Some(plan))
     }
 
+    /// When steps are planned two at a time: the planner's aliased plan of
+    /// `profile` ([`PlannerPolicy::plan_aliased`]), validated against the
+    /// physical memory it maps (an invalid one is refused and counted).
+    fn ask_aliased(&mut self, profile: &StepProfile) -> Option<AliasedPlan> {
+        let ctx = self.context();
+        let (granularity, capacity) = (self.device.granularity(), self.device.capacity());
+        let p = self.planning.as_mut().filter(|p| p.period == 2 && !p.health.disabled)?;
+        let plan = p.planner.plan_aliased(profile, &ctx)?;
+        match validate_aliased(profile, &plan, granularity, capacity) {
+            Ok(()) if plan.offsets.iter().any(Option::is_some) => Some(plan),
+            Ok(()) => None,
+            Err(e) => {
+                self.stats.plan_refused += 1;
+                tracing::warn!(planner = %p.planner.name(), step = profile.step, error = %e, "aliased plan refused");
+                None
+            }
+        }
+    }
+
     /// Asks the planner for a plan of `profile`, validates it and stores it
     /// (in an arena at least as large as the cached plans').
     fn make_plan(&mut self, profile: &StepProfile) -> Result<(), AllocError> {
-        let Some(plan) = self.ask_planner(profile)? else { return Ok(()) };
+        let plain = self.ask_planner(profile)?;
+        // Two steps at a time: an aliased plan, when the planner makes one
+        // that holds less than the plain plan (with what each leaves dynamic).
+        if let Some(aliased) = self.ask_aliased(profile) {
+            let left = |offsets: &[Option<u64>]| -> u64 {
+                let reqs = &profile.requests;
+                (0..reqs.len())
+                    .filter(|&k| offsets[k].is_none() && reqs[k].plannable(k as u32))
+                    .map(|k| reqs[k].planned_bytes())
+                    .sum()
+            };
+            let cost = aliased.arena_bytes + left(&aliased.offsets);
+            if plain.as_ref().is_none_or(|p| cost < p.arena_bytes + left(&p.offsets)) {
+                let p = self.planning.as_mut().expect("planning is on");
+                let stored = StoredPlan::of_aliased(profile, &aliased, p.steps);
+                if let Some(q) = p.plans.iter_mut().find(|q| {
+                    !q.first_only && q.zone == stored.zone && q.offsets == stored.offsets && q.keys == stored.keys
+                }) {
+                    q.settled = true;
+                    return Ok(());
+                }
+                p.store(stored);
+                self.stats.plans += 1;
+                return Ok(());
+            }
+        }
+        let Some(plan) = plain else { return Ok(()) };
         let p = self.planning.as_mut().expect("planning is on");
         let same = |q: &StoredPlan| {
             !q.first_only
+                && q.zone == 0
                 && q.offsets == plan.offsets
                 && q.keys.len() == profile.requests.len()
                 && q.keys.iter().copied().eq(profile.requests.iter().map(key))
@@ -1286,7 +1418,12 @@ impl<D: Device> Allocator<D> {
     fn install_arena(&mut self) -> Result<bool, AllocError> {
         let p = self.planning.as_mut().expect("planning is on");
         let i = p.active.expect("a plan is active");
-        let want = p.plans[i].arena_bytes;
+        let (want, zone) = (p.plans[i].arena_bytes, p.plans[i].zone);
+        // An aliased arena's zone where the step before lay (its tensors
+        // are on the dynamic path) is made once a request needs it.
+        let pending = (zone > 0).then(|| if p.plans[i].install_at < p.plans[i].keys.len() / 2 { 2 } else { 0 });
+        // What it holds: an aliased arena's two windows share their memory.
+        let holds = p.plans[i].physical() - if zone > 0 { zone } else { 0 };
         let kept = if p.kept_seg.is_none() { p.plans[i].kept_bytes } else { 0 };
         p.installing = false;
         if let Some(seg) = p.arenas.last().map(|a| a.seg) {
@@ -1315,23 +1452,24 @@ impl<D: Device> Allocator<D> {
             .map(|s| self.arena.segments.get(s).size)
             .sum();
         let cached = unpaged_free + self.free_page_bytes();
-        let estimate = self.stats.bytes.reserved_bytes.saturating_sub(cached).saturating_add(want + kept);
+        let estimate = self.stats.bytes.reserved_bytes.saturating_sub(cached).saturating_add(holds + kept);
         let page = if self.policies.reclamation_wants_pages() { self.device.granularity() } else { 0 };
         let high_water = high_water.saturating_add(page);
         if estimate > high_water {
-            return Ok(self.refuse_arena(want + kept, estimate, high_water));
+            return Ok(self.refuse_arena(holds + kept, estimate, high_water));
         }
         self.release_cached(&ReclaimDecision { trim: true, ..ReclaimDecision::all() })?;
-        let after = self.stats.bytes.reserved_bytes.saturating_add(want + kept);
+        let after = self.stats.bytes.reserved_bytes.saturating_add(holds + kept);
         if after > high_water {
-            return Ok(self.refuse_arena(want + kept, after, high_water));
+            return Ok(self.refuse_arena(holds + kept, after, high_water));
         }
         // A cached first-step plan's arena comes with its first request
         // that is not persistent, once the step so far matched it.
         if self.planning.as_ref().is_some_and(|p| p.plans[i].first_only) {
             self.planning.as_mut().expect("planning is on").deferred_arena = want;
         } else {
-            let Some(arena) = self.new_arena(want)? else { return Ok(false) };
+            let made = if zone > 0 { self.new_aliased_arena(want / 2, zone, pending)? } else { self.new_arena(want)? };
+            let Some(arena) = made else { return Ok(false) };
             self.planning.as_mut().expect("planning is on").arenas.push(arena);
         }
         let p = self.planning.as_mut().expect("planning is on");
@@ -1387,6 +1525,126 @@ impl<D: Device> Allocator<D> {
         self.stats.plan_arena_bytes += size;
         self.record(ActionKind::SegmentAlloc, base, size, StreamId(0), None);
         Ok(Some(Arena::new(seg, base, size, block)))
+    }
+
+    /// A new aliased arena: `half` bytes of physical memory (three
+    /// allocations: the end zones of `zone` bytes and the middle) mapped at
+    /// two windows of one reservation, the second `[high | middle | low]`:
+    /// one segment of `2 × half` bytes. The zone `pending` (0: low, 2:
+    /// high) is made later ([`Allocator::complete_aliased_arena`]). `None`
+    /// when the device refuses it (as [`Allocator::new_arena`]); what was
+    /// made is given back.
+    fn new_aliased_arena(&mut self, half: u64, zone: u64, pending: Option<usize>) -> Result<Option<Arena>, AllocError> {
+        let pool = self.planned_pool();
+        let size = 2 * half;
+        let shape = Arena { zone, pending, ..Arena::new(0, 0, size, NIL) };
+        let mut phys = [None; 3];
+        let mut reserved = None;
+        let made = (|| {
+            let va = self.device.reserve_virtual(size)?;
+            reserved = Some(va);
+            for (i, (bytes, w0, w1)) in shape.parts().into_iter().enumerate() {
+                if bytes == 0 || pending == Some(i) {
+                    continue;
+                }
+                let h = self.device.create_physical(bytes)?;
+                phys[i] = Some(h);
+                self.device.map(va + w0, h)?;
+                self.device.map(va + w1, h)?;
+            }
+            Ok::<DevicePtr, crate::device::DeviceError>(va)
+        })();
+        let base = match made {
+            Ok(va) => va,
+            Err(e) => {
+                if let Some(va) = reserved {
+                    let shape = Arena { base: va, phys, ..shape };
+                    self.unmap_aliased(&shape);
+                }
+                self.stats.plan_refused += 1;
+                tracing::warn!(bytes = half, error = %e, "no aliased arena for the plan; its steps stay dynamic");
+                let p = self.planning.as_mut().expect("planning is on");
+                p.refused_arena = p.refused_arena.min(half);
+                p.active = None;
+                p.matched.clear();
+                return Ok(None);
+            }
+        };
+        let made = phys.iter().flatten().count() as u64;
+        self.stats.device_alloc_calls += made;
+        let seg =
+            self.arena.segments.insert(Segment { base, size, pool, stream: StreamId(0), first: NIL, born: self.clock });
+        let block =
+            self.arena.blocks.insert(Block { segment: seg, offset: 0, size, prev: NIL, next: NIL, tensor: NIL });
+        self.arena.segments.get_mut(seg).first = block;
+        let arena = Arena { zone, phys, pending, ..Arena::new(seg, base, size, block) };
+        let holds = arena.physical();
+        self.stats.bytes.add_reserved(holds);
+        self.arena.pools[pool as usize].gauges.add_reserved(holds);
+        self.stats.plan_arena_bytes += holds;
+        self.record(ActionKind::SegmentAlloc, base, size, StreamId(0), None);
+        tracing::debug!(bytes = half, zone, ?pending, "aliased arena installed");
+        Ok(Some(arena))
+    }
+
+    /// Unmaps and releases what an aliased arena holds from the device, and
+    /// its reservation (errors are logged: used on failure paths).
+    fn unmap_aliased(&mut self, a: &Arena) {
+        for (i, (_, w0, w1)) in a.parts().into_iter().enumerate() {
+            let Some(h) = a.phys[i] else { continue };
+            for at in [w0, w1] {
+                // Unmapping what was not mapped fails, and is harmless.
+                let _ = self.device.unmap(a.base + at);
+            }
+            if let Err(e) = self.device.release_physical(h) {
+                tracing::warn!(error = %e, "releasing a part of a failed aliased arena");
+            }
+        }
+        if let Err(e) = self.device.release_virtual(a.base) {
+            tracing::warn!(error = %e, "releasing the reservation of a failed aliased arena");
+        }
+    }
+
+    /// Makes the zone of the current aliased arena not made yet, when a
+    /// planned request needs it: once what the dynamic path caches is given
+    /// back, and only if the memory reserved then stays within the run's
+    /// high-water mark (as at install). Returns whether it is there.
+    #[cold]
+    fn complete_aliased_arena(&mut self) -> Result<bool, AllocError> {
+        let Some(p) = self.planning.as_ref() else { return Ok(false) };
+        let Some(last) = p.arenas.len().checked_sub(1) else { return Ok(false) };
+        let Some(part) = p.arenas[last].pending else { return Ok(true) };
+        let (bytes, w0, w1) = p.arenas[last].parts()[part];
+        let high_water = p.high_water.max(self.stats.bytes.peak_reserved_bytes);
+        let page = if self.policies.reclamation_wants_pages() { self.device.granularity() } else { 0 };
+        self.release_cached(&ReclaimDecision { trim: true, ..ReclaimDecision::all() })?;
+        if self.stats.bytes.reserved_bytes.saturating_add(bytes) > high_water.saturating_add(page) {
+            return Ok(false);
+        }
+        let base = self.planning.as_ref().expect("checked").arenas[last].base;
+        let h = match self.device.create_physical(bytes) {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::debug!(error = %e, "the pending zone of the aliased arena: not now");
+                return Ok(false);
+            }
+        };
+        if let Err(e) = self.device.map(base + w0, h).and_then(|_| self.device.map(base + w1, h)) {
+            let _ = self.device.unmap(base + w0);
+            self.device.release_physical(h)?;
+            tracing::warn!(error = %e, "the pending zone of the aliased arena could not be mapped");
+            return Ok(false);
+        }
+        self.stats.device_alloc_calls += 1;
+        let p = self.planning.as_mut().expect("checked");
+        let a = &mut p.arenas[last];
+        a.phys[part] = Some(h);
+        a.pending = None;
+        let pool = self.arena.segments.get(a.seg).pool;
+        self.stats.bytes.grow(bytes);
+        self.arena.pools[pool as usize].gauges.grow(bytes);
+        self.stats.plan_arena_bytes += bytes;
+        Ok(true)
     }
 
     /// Refuses to install an arena of `want` bytes that would make `reserved`
@@ -1509,8 +1767,8 @@ impl<D: Device> Allocator<D> {
             return Ok(0);
         }
         let a = self.planning.as_mut().expect("checked").arenas.pop().expect("checked");
-        tracing::debug!(bytes = a.size, "a step no plan serves grows: its idle arena goes first");
-        let size = a.size;
+        tracing::debug!(bytes = a.physical(), "a step no plan serves grows: its idle arena goes first");
+        let size = a.physical();
         self.release_arena(a)?;
         Ok(size)
     }
@@ -1528,11 +1786,11 @@ impl<D: Device> Allocator<D> {
             let p = self.planning.as_mut().expect("checked");
             let a = p.arenas.remove(i);
             if p.arenas.is_empty() {
-                p.refused_arena = p.refused_arena.min(a.size);
+                p.refused_arena = p.refused_arena.min(a.physical());
                 p.active = None;
                 p.installing = false;
             }
-            released += a.size;
+            released += a.physical();
             self.release_arena(a)?;
         }
     }
@@ -1547,15 +1805,32 @@ impl<D: Device> Allocator<D> {
         if let Some(p) = self.planning.as_mut().filter(|p| p.kept_seg == Some(a.seg)) {
             p.kept_seg = None;
         }
-        self.device.free_segment(a.base)?;
-        self.stats.device_free_calls += 1;
-        self.stats.device_syncs += 1;
+        if a.zone > 0 {
+            // Unmapped once the arena's stream is done with it (no device
+            // synchronization), then its memory and reservation go.
+            if self.device.synchronize_stream(StreamId(0))? {
+                self.stats.device_syncs += 1;
+            }
+            for (i, (_, w0, w1)) in a.parts().into_iter().enumerate() {
+                if let Some(h) = a.phys[i] {
+                    self.device.unmap(a.base + w0)?;
+                    self.device.unmap(a.base + w1)?;
+                    self.device.release_physical(h)?;
+                    self.stats.device_free_calls += 1;
+                }
+            }
+            self.device.release_virtual(a.base)?;
+        } else {
+            self.device.free_segment(a.base)?;
+            self.stats.device_free_calls += 1;
+            self.stats.device_syncs += 1;
+        }
         let seg = *self.arena.segments.get(a.seg);
         self.arena.blocks.remove(seg.first);
         self.arena.segments.remove(a.seg);
-        self.stats.bytes.sub_reserved(seg.size);
-        self.arena.pools[seg.pool as usize].gauges.sub_reserved(seg.size);
-        self.stats.plan_arena_bytes -= seg.size;
+        self.stats.bytes.sub_reserved(a.physical());
+        self.arena.pools[seg.pool as usize].gauges.sub_reserved(a.physical());
+        self.stats.plan_arena_bytes -= a.physical();
         self.record(ActionKind::SegmentFree, seg.base, seg.size, seg.stream, None);
         Ok(())
     }
@@ -1571,6 +1846,17 @@ impl<D: Device> Allocator<D> {
                 (self.arena.pools.len() - 1) as u32
             }
         }
+    }
+
+    /// Per aliased arena: its pool and the bytes of its second window (a
+    /// segment's size counts them, the memory it holds does not).
+    pub(super) fn aliased_windows(&self) -> Vec<(u32, u64)> {
+        let Some(p) = self.planning.as_ref() else { return Vec::new() };
+        p.arenas
+            .iter()
+            .filter(|a| a.zone > 0)
+            .map(|a| (self.arena.segments.get(a.seg).pool, a.size - a.physical()))
+            .collect()
     }
 
     /// The planning invariants of the module documentation.
@@ -1593,7 +1879,7 @@ impl<D: Device> Allocator<D> {
             if self.paging.segs.contains_key(&a.seg) {
                 return bad(format!("arena segment {} is paged", a.seg));
             }
-            total += a.size;
+            total += a.physical();
             if self.arena.blocks.try_get(a.finger).is_none_or(|b| b.segment != a.seg) {
                 return bad(format!("arena segment {}: its finger {} is not one of its blocks", a.seg, a.finger));
             }
@@ -1609,6 +1895,59 @@ impl<D: Device> Allocator<D> {
         }
         Ok(())
     }
+}
+
+/// Whether `[off, off + size)` of an aliased arena lies within one of its
+/// windows and what the other window sees of that physical memory is free
+/// (each piece within a free block).
+#[inline]
+fn alias_free(blocks: &super::slab::Slab<Block>, arena: &Arena, off: u64, size: u64) -> bool {
+    let half = arena.size / 2;
+    let end = off + size;
+    let (o, e, other) = if end <= half {
+        (off, end, half)
+    } else if off >= half {
+        (off - half, end - half, 0)
+    } else {
+        return false; // across the two windows
+    };
+    swapped(o, e, half, arena.zone)
+        .into_iter()
+        .filter(|&(a, b)| a < b)
+        .all(|(a, b)| free_span(blocks, arena, a + other, b + other))
+}
+
+/// The pieces of `[o, e)` of an arena of `half` bytes with its end zones of
+/// `zone` bytes swapped (`wasmem_plan_core::swap_zones`, without a
+/// vector); empty pieces are `(0, 0)`.
+#[inline]
+fn swapped(o: u64, e: u64, half: u64, zone: u64) -> [(u64, u64); 3] {
+    let shift = half - zone;
+    let piece =
+        |a: u64, b: u64, to: i128| if a < b { ((a as i128 + to) as u64, (b as i128 + to) as u64) } else { (0, 0) };
+    [
+        piece(o, e.min(zone), shift as i128),
+        piece(o.max(zone), e.min(shift), 0),
+        piece(o.max(shift), e.min(half), -(shift as i128)),
+    ]
+}
+
+/// Whether `[lo, hi)` of `arena` lies within one free block (found from a
+/// block hint of its 2 MiB, or the finger, along the links).
+fn free_span(blocks: &super::slab::Slab<Block>, arena: &Arena, lo: u64, hi: u64) -> bool {
+    let mine = |b: u32| b != NIL && blocks.try_get(b).is_some_and(|x| x.segment == arena.seg);
+    let near = arena.near.get((lo >> HINT_SPAN_LOG2) as usize).copied().unwrap_or(NIL);
+    let mut blk = if mine(near) { near } else { arena.finger };
+    let mut b = *blocks.get(blk);
+    while b.offset > lo {
+        blk = b.prev;
+        b = *blocks.get(blk);
+    }
+    while b.offset + b.size <= lo {
+        blk = b.next;
+        b = *blocks.get(blk);
+    }
+    b.is_free() && b.offset + b.size >= hi
 }
 
 /// Bytes of the requests of `profile` live at its end past the allocation

@@ -57,6 +57,13 @@ impl Gauges {
         self.peak_reserved_bytes = self.peak_reserved_bytes.max(self.reserved_bytes);
     }
 
+    /// `bytes` of memory added to a segment it already counts (the zone of
+    /// an aliased planned arena made after the arena).
+    pub(crate) fn grow(&mut self, bytes: u64) {
+        self.reserved_bytes += bytes;
+        self.peak_reserved_bytes = self.peak_reserved_bytes.max(self.reserved_bytes);
+    }
+
     #[inline]
     pub(crate) fn sub_reserved(&mut self, bytes: u64) {
         self.reserved_bytes -= bytes;
