@@ -1901,7 +1901,7 @@ impl<D: Device> Allocator<D> {
 /// windows and what the other window sees of that physical memory is free
 /// (each piece within a free block).
 #[inline]
-fn alias_free(blocks: &super::slab::Slab<Block>, arena: &Arena, off: u64, size: u64) -> bool {
+fn alias_free(blocks: &super::slab::Slab<Block>, arena: &mut Arena, off: u64, size: u64) -> bool {
     let half = arena.size / 2;
     let end = off + size;
     let (o, e, other) = if end <= half {
@@ -1933,8 +1933,9 @@ fn swapped(o: u64, e: u64, half: u64, zone: u64) -> [(u64, u64); 3] {
 }
 
 /// Whether `[lo, hi)` of `arena` lies within one free block (found from a
-/// block hint of its 2 MiB, or the finger, along the links).
-fn free_span(blocks: &super::slab::Slab<Block>, arena: &Arena, lo: u64, hi: u64) -> bool {
+/// block hint of its 2 MiB, or the finger, along the links; the hint is
+/// then that block).
+fn free_span(blocks: &super::slab::Slab<Block>, arena: &mut Arena, lo: u64, hi: u64) -> bool {
     let mine = |b: u32| b != NIL && blocks.try_get(b).is_some_and(|x| x.segment == arena.seg);
     let near = arena.near.get((lo >> HINT_SPAN_LOG2) as usize).copied().unwrap_or(NIL);
     let mut blk = if mine(near) { near } else { arena.finger };
@@ -1946,6 +1947,9 @@ fn free_span(blocks: &super::slab::Slab<Block>, arena: &Arena, lo: u64, hi: u64)
     while b.offset + b.size <= lo {
         blk = b.next;
         b = *blocks.get(blk);
+    }
+    if let Some(n) = arena.near.get_mut((lo >> HINT_SPAN_LOG2) as usize) {
+        *n = blk;
     }
     b.is_free() && b.offset + b.size >= hi
 }
