@@ -66,6 +66,11 @@ pub const MAX_PLANS: usize = 8;
 /// Entries of the plan a request is compared with.
 pub const LOOKAHEAD: usize = 8;
 
+/// Free blocks of an arena tried, best fit first, when the dynamic path
+/// borrows its memory (in an aliased arena a block whose alias in the
+/// other window is taken cannot serve).
+const ALIAS_TRIES: usize = 64;
+
 /// Name of the pool of planned arenas.
 pub const PLANNED_POOL: &str = "planned";
 
@@ -912,7 +917,7 @@ impl<D: Device> Allocator<D> {
         let size = req.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
         let p = self.planning.as_ref()?;
         let blocks = &self.arena.blocks;
-        let (a, off, _) = p
+        let mut fits: Vec<(u64, usize, u64)> = p
             .arenas
             .iter()
             .enumerate()
@@ -924,11 +929,20 @@ impl<D: Device> Allocator<D> {
                     Some((a, blk))
                 })
             })
-            .filter(|(_, b)| b.is_free())
-            .map(|(a, b)| (a, b.offset, b.size))
-            .filter(|&(_, _, s)| s >= size)
-            .min_by_key(|&(a, off, s)| (s, a, off))?;
-        let served = self.take_range(a, off, size, req.stream)?;
+            .filter(|(_, b)| b.is_free() && b.size >= size)
+            .flat_map(|(a, b)| {
+                // Its start, or in an aliased arena its end too (the alias
+                // of one may be taken where the other's is free).
+                let end = (b.offset + b.size - size) / PLAN_ALIGN * PLAN_ALIGN;
+                [(b.size, a, b.offset), (b.size, a, end)]
+            })
+            .collect();
+        // Best fit; in an aliased arena a range whose alias is taken is
+        // passed over for the next.
+        fits.sort_unstable();
+        fits.dedup();
+        let served =
+            fits.into_iter().take(ALIAS_TRIES).find_map(|(_, a, off)| self.take_range(a, off, size, req.stream))?;
         // The dynamic path counted an OOM when it gave up: this is none.
         self.stats.ooms = self.stats.ooms.saturating_sub(1);
         Some(served)
@@ -1309,6 +1323,15 @@ impl<D: Device> Allocator<D> {
         }
         let Some(plan) = plain else { return Ok(()) };
         let p = self.planning.as_mut().expect("planning is on");
+        // A step that deviated from an aliased plan (its two halves no longer
+        // alike) keeps that plan when a plain one would hold more: it would
+        // need an arena of its own beside the one that serves.
+        let first = profile.requests.first().map(key);
+        if p.plans.iter().any(|q| {
+            !q.first_only && q.zone > 0 && q.keys.first() == first.as_ref() && q.physical() <= plan.arena_bytes
+        }) {
+            return Ok(());
+        }
         let same = |q: &StoredPlan| {
             !q.first_only
                 && q.zone == 0
@@ -1743,15 +1766,21 @@ impl<D: Device> Allocator<D> {
         let size = req.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
         let blocks = &self.arena.blocks;
         let mut b = self.arena.segments.get(arena.seg).first;
-        let mut best: Option<(u64, u64)> = None;
+        let mut fits: Vec<(u64, u64)> = Vec::new();
         while let Some(blk) = blocks.try_get(b) {
-            if blk.is_free() && blk.size >= size && best.is_none_or(|(s, _)| blk.size < s) {
-                best = Some((blk.size, blk.offset));
+            if blk.is_free() && blk.size >= size {
+                fits.push((blk.size, blk.offset));
+                if arena.zone > 0 {
+                    // Its end too: the alias of one may be taken where the other's is free.
+                    fits.push((blk.size, (blk.offset + blk.size - size) / PLAN_ALIGN * PLAN_ALIGN));
+                }
             }
             b = blk.next;
         }
-        let (_, off) = best?;
-        self.take_range(last, off, size, req.stream)
+        // Best fit; in an aliased arena a range whose alias is taken is
+        // passed over for the next.
+        fits.sort_unstable();
+        fits.into_iter().take(ALIAS_TRIES).find_map(|(_, off)| self.take_range(last, off, size, req.stream))
     }
 
     /// Before the dynamic path grows during a step no plan serves (none
