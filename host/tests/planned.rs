@@ -943,6 +943,19 @@ fn a_broken_or_foreign_plan_cache_is_refused() {
     assert!(loaded.unwrap().unwrap_err().contains("planned placement"));
 }
 
+/// How much the dynamic path alone (`defrag`) reserves for `steps`, and
+/// a device with a quarter more (and 8 MiB): where a planned run must not
+/// run out of memory.
+fn headroom(steps: &[Vec<Req>]) -> (u64, u64) {
+    let mut reference = Run::new("defrag", 8 * GIB);
+    reference.check_each = false;
+    for s in steps {
+        reference.step(s);
+    }
+    let need = reference.a.stats().bytes.peak_reserved_bytes;
+    (need, (need + need / 4).div_ceil(2 * MIB) * 2 * MIB + 8 * MIB)
+}
+
 fn dev_strategy(n: usize) -> impl Strategy<Value = Dev> {
     prop_oneof![
         (0..n, 1u64..(2 * MIB)).prop_map(|(at, bytes)| Dev::Extra { at, bytes }),
@@ -981,14 +994,7 @@ proptest! {
             // Every other step is the template itself, so that plans are learned and used.
             .map(|(i, d)| if i % 2 == 0 && i > 0 { template.clone() } else { ops(&template, d) })
             .collect();
-        // How much the dynamic path alone needs.
-        let mut reference = Run::new("defrag", 8 * GIB);
-        reference.check_each = false;
-        for s in &steps {
-            reference.step(s);
-        }
-        let need = reference.a.stats().bytes.peak_reserved_bytes;
-        let cap = (need + need / 4).div_ceil(2 * MIB) * 2 * MIB + 8 * MIB;
+        let (need, cap) = headroom(&steps);
         let mut r = Run::new("planned", cap);
         for s in &steps {
             r.step(s);
@@ -1041,13 +1047,7 @@ proptest! {
         let steps: Vec<Vec<Req>> = devs.iter().enumerate()
             .map(|(i, d)| if i % 2 == 0 && i > 0 { template.clone() } else { ops(&template, d) })
             .collect();
-        let mut reference = Run::new("defrag", 8 * GIB);
-        reference.check_each = false;
-        for s in &steps {
-            reference.step(s);
-        }
-        let need = reference.a.stats().bytes.peak_reserved_bytes;
-        let cap = (need + need / 4).div_ceil(2 * MIB) * 2 * MIB + 8 * MIB;
+        let (need, cap) = headroom(&steps);
         let mut r = Run::new("planned", cap);
         r.a.set_stable_addresses(stable);
         for s in &steps {

@@ -980,7 +980,7 @@ impl<D: Device> Allocator<D> {
                 && blocks.try_get(b).is_some_and(|x| x.segment == arena.seg && x.offset < hi && x.offset + x.size > lo)
         };
         let start = arena.starts[start_slot(off)];
-        let mut blk = if start != NIL
+        let blk = if start != NIL
             && blocks.try_get(start).is_some_and(|x| x.segment == arena.seg && x.offset == off && x.is_free())
         {
             start
@@ -1000,15 +1000,7 @@ impl<D: Device> Allocator<D> {
                 d -= 1;
             }
         };
-        let mut b = *blocks.get(blk);
-        while b.offset > off {
-            blk = b.prev;
-            b = *blocks.get(blk);
-        }
-        while b.offset + b.size <= off {
-            blk = b.next;
-            b = *blocks.get(blk);
-        }
+        let (blk, b) = walk_to(blocks, blk, off);
         arena.near[c as usize] = blk;
         if !b.is_free() || b.offset + b.size < off + size {
             return None;
@@ -1961,22 +1953,29 @@ fn swapped(o: u64, e: u64, half: u64, zone: u64) -> [(u64, u64); 3] {
     ]
 }
 
+/// The block of `from`'s segment that holds offset `off`, found along the
+/// links from `from` (the offset lies in the segment).
+#[inline]
+fn walk_to(blocks: &super::slab::Slab<Block>, from: u32, off: u64) -> (u32, Block) {
+    let (mut blk, mut b) = (from, *blocks.get(from));
+    while b.offset > off {
+        blk = b.prev;
+        b = *blocks.get(blk);
+    }
+    while b.offset + b.size <= off {
+        blk = b.next;
+        b = *blocks.get(blk);
+    }
+    (blk, b)
+}
+
 /// Whether `[lo, hi)` of `arena` lies within one free block (found from a
 /// block hint of its 2 MiB, or the finger, along the links; the hint is
 /// then that block).
 fn free_span(blocks: &super::slab::Slab<Block>, arena: &mut Arena, lo: u64, hi: u64) -> bool {
     let mine = |b: u32| b != NIL && blocks.try_get(b).is_some_and(|x| x.segment == arena.seg);
     let near = arena.near.get((lo >> HINT_SPAN_LOG2) as usize).copied().unwrap_or(NIL);
-    let mut blk = if mine(near) { near } else { arena.finger };
-    let mut b = *blocks.get(blk);
-    while b.offset > lo {
-        blk = b.prev;
-        b = *blocks.get(blk);
-    }
-    while b.offset + b.size <= lo {
-        blk = b.next;
-        b = *blocks.get(blk);
-    }
+    let (blk, b) = walk_to(blocks, if mine(near) { near } else { arena.finger }, lo);
     if let Some(n) = arena.near.get_mut((lo >> HINT_SPAN_LOG2) as usize) {
         *n = blk;
     }
