@@ -522,7 +522,7 @@ impl<D: Device> Allocator<D> {
                 (key.3, Some(key))
             }
             None => {
-                if let Some(served) = self.lend_idle_arena(req) {
+                if let Some(served) = self.lend_idle_arena(req, p.segment) {
                     return Ok(served);
                 }
                 let g = grow::Growth {

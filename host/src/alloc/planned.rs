@@ -915,30 +915,10 @@ impl<D: Device> Allocator<D> {
     #[cold]
     pub(super) fn arena_fallback(&mut self, req: &AllocRequest) -> Option<(u32, u32)> {
         let size = req.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
-        let p = self.planning.as_ref()?;
-        let blocks = &self.arena.blocks;
-        let mut fits: Vec<(u64, usize, u64)> = p
-            .arenas
-            .iter()
-            .enumerate()
-            .flat_map(|(a, arena)| {
-                let mut b = self.arena.segments.get(arena.seg).first;
-                std::iter::from_fn(move || {
-                    let blk = blocks.try_get(b)?;
-                    b = blk.next;
-                    Some((a, blk))
-                })
-            })
-            .filter(|(_, b)| b.is_free() && b.size >= size)
-            .flat_map(|(a, b)| {
-                // Its start, or in an aliased arena its end too (the alias
-                // of one may be taken where the other's is free).
-                let end = (b.offset + b.size - size) / PLAN_ALIGN * PLAN_ALIGN;
-                [(b.size, a, b.offset), (b.size, a, end)]
-            })
-            .collect();
-        // Best fit; in an aliased arena a range whose alias is taken is
-        // passed over for the next.
+        let arenas = self.planning.as_ref()?.arenas.len();
+        let mut fits: Vec<(u64, usize, u64)> =
+            (0..arenas).flat_map(|a| self.free_fits(a, size).into_iter().map(move |(b, off)| (b, a, off))).collect();
+        // Best fit.
         fits.sort_unstable();
         fits.dedup();
         let served =
@@ -1742,37 +1722,70 @@ impl<D: Device> Allocator<D> {
         }
     }
 
-    /// When the dynamic path would grow during a step no plan serves (after
-    /// the first): a block for `req` in the free space of the current arena
-    /// (best fit), when the arena holds some tensor. An arena that holds
-    /// none goes instead ([`Allocator::release_arena_for_dynamic_step`]).
-    /// Planned ranges are taken only when free, so a later step's plan
-    /// finds a tensor served here as a deviation, never under its own.
-    pub(super) fn lend_idle_arena(&mut self, req: &AllocRequest) -> Option<(u32, u32)> {
-        let p = self.planning.as_ref().filter(|p| p.active.is_none() && p.steps > 0)?;
+    /// When the dynamic path would grow by `grow` bytes (after the first
+    /// step): a block for `req` in the free space of the current arena (best
+    /// fit), when the arena holds some tensor, and
+    /// - in a step no plan serves, always (an arena that holds none goes
+    ///   instead: [`Allocator::release_arena_for_dynamic_step`]);
+    /// - in a step a plan serves (a deviation, or a planned range still
+    ///   taken), when growing would raise the peak even after the dynamic
+    ///   path's free memory is released: memory already reserved is used
+    ///   before more is (a step that deviates from its plan must not hold
+    ///   the arena and a dynamic copy of the step beside it).
+    ///
+    /// Planned ranges are taken only when free, so a later request of the
+    /// plan finds a tensor served here as a deviation, never under its own.
+    pub(super) fn lend_idle_arena(&mut self, req: &AllocRequest, grow: u64) -> Option<(u32, u32)> {
+        let p = self.planning.as_ref().filter(|p| p.steps > 0)?;
         let last = p.arenas.len().checked_sub(1)?;
         let arena = &p.arenas[last];
         if Some(arena.seg) == p.kept_seg || self.arena_is_free(arena.seg) {
             return None;
         }
-        let size = req.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
-        let blocks = &self.arena.blocks;
-        let mut b = self.arena.segments.get(arena.seg).first;
-        let mut fits: Vec<(u64, u64)> = Vec::new();
-        while let Some(blk) = blocks.try_get(b) {
-            if blk.is_free() && blk.size >= size {
-                fits.push((blk.size, blk.offset));
-                if arena.zone > 0 {
-                    // Its end too: the alias of one may be taken where the other's is free.
-                    fits.push((blk.size, (blk.offset + blk.size - size) / PLAN_ALIGN * PLAN_ALIGN));
-                }
+        if p.active.is_some() {
+            let b = &self.stats.bytes;
+            let dynamic_cached: u64 = self.arena.pools.iter().filter(|q| !q.planned).map(|q| q.cached_bytes()).sum();
+            if b.reserved_bytes.saturating_sub(dynamic_cached) + grow <= b.peak_reserved_bytes {
+                return None;
             }
-            b = blk.next;
         }
-        // Best fit; in an aliased arena a range whose alias is taken is
-        // passed over for the next.
+        let size = req.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
+        let mut fits = self.free_fits(last, size);
+        // Best fit.
         fits.sort_unstable();
         fits.into_iter().take(ALIAS_TRIES).find_map(|(_, off)| self.take_range(last, off, size, req.stream))
+    }
+
+    /// Where a block of `size` bytes (a multiple of [`PLAN_ALIGN`]) could go
+    /// in the free space of arena `a`: per free block that large, its size
+    /// and an offset: the block's start; in an aliased arena, per window
+    /// the block lies in, the first offset whose alias in the other window
+    /// is free too ([`alias_fit`]), and the block's end.
+    #[cold]
+    fn free_fits(&self, a: usize, size: u64) -> Vec<(u64, u64)> {
+        let Some(arena) = self.planning.as_ref().and_then(|p| p.arenas.get(a)) else { return Vec::new() };
+        let blocks = &self.arena.blocks;
+        let half = arena.size / 2;
+        let mut fits = Vec::new();
+        let mut b = self.arena.segments.get(arena.seg).first;
+        while let Some(blk) = blocks.try_get(b) {
+            b = blk.next;
+            if !blk.is_free() || blk.size < size {
+                continue;
+            }
+            let (lo, hi) = (blk.offset, blk.offset + blk.size);
+            if arena.zone == 0 {
+                fits.push((blk.size, lo));
+                continue;
+            }
+            for (wlo, whi) in [(lo, hi.min(half)), (lo.max(half), hi)] {
+                if let Some(off) = alias_fit(blocks, arena, wlo, whi, size) {
+                    fits.push((blk.size, off));
+                }
+            }
+            fits.push((blk.size, (hi - size) / PLAN_ALIGN * PLAN_ALIGN));
+        }
+        fits
     }
 
     /// Before the dynamic path grows during a step no plan serves (none
@@ -1936,6 +1949,64 @@ fn alias_free(blocks: &super::slab::Slab<Block>, arena: &mut Arena, off: u64, si
         .into_iter()
         .filter(|&(a, b)| a < b)
         .all(|(a, b)| free_span(blocks, arena, a + other, b + other))
+}
+
+/// The first offset in `[lo, hi)` (free in an aliased arena, within one
+/// window) where `size` bytes lie off the zone not made yet and what the
+/// other window sees of them is free too. A try that fails on a taken byte
+/// of the other window goes on past that byte as this window sees it:
+/// every offset in between would hold it too (each byte of a window has
+/// one alias).
+fn alias_fit(blocks: &super::slab::Slab<Block>, arena: &Arena, lo: u64, hi: u64, size: u64) -> Option<u64> {
+    let (half, zone) = (arena.size / 2, arena.zone);
+    let (base, other) = if lo < half { (0, half) } else { (half, 0) };
+    let after = |x: u64| x.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
+    let mut p = after(lo);
+    for _ in 0..ALIAS_TRIES {
+        if p + size > hi {
+            return None;
+        }
+        if let Some(z) = arena.pending {
+            let (bytes, w0, w1) = arena.parts()[z];
+            let at = if base == 0 { w0 } else { w1 };
+            if p < at + bytes && at < p + size {
+                p = after(at + bytes);
+                continue;
+            }
+        }
+        // The last taken byte of the first taken block the alias meets.
+        let mut taken = None;
+        for (a, b) in swapped(p - base, p + size - base, half, zone).into_iter().filter(|&(a, b)| a < b) {
+            let (a, b) = (a + other, b + other);
+            let (_, mut blk) = walk_to(blocks, arena.finger, a);
+            loop {
+                if !blk.is_free() {
+                    taken = Some((blk.offset + blk.size).min(b) - 1);
+                    break;
+                }
+                if blk.offset + blk.size >= b {
+                    break;
+                }
+                blk = *blocks.get(blk.next);
+            }
+            if taken.is_some() {
+                break;
+            }
+        }
+        let Some(t) = taken else { return Some(p) };
+        // That byte as this window sees it: a swap of the end zones is its own inverse.
+        let x = t - other;
+        let shift = half - zone;
+        let back = if x < zone {
+            x + shift
+        } else if x < shift {
+            x
+        } else {
+            x - shift
+        };
+        p = after(back + base + 1);
+    }
+    None
 }
 
 /// The pieces of `[o, e)` of an arena of `half` bytes with its end zones of
