@@ -27,11 +27,12 @@ COMPONENTIZE_PY_VERSION=0.25.1
 # The Python and JavaScript decision policies stay on WIT 0.1.0 (the frozen
 # copy in wit/compat/v0.1.0): they use no later item, and the engine loads
 # every version, so policies/out keeps components of several versions. The
-# Python planner needs 0.3.0 (wit/).
+# Python planner needs 0.3.0 (the frozen copy in wit/compat/v0.3.0: it makes
+# plain plans only, no `plan-aliased` of 0.4.0).
 # name:python-module:world:WIT folder (relative to the repository root)
 PYTHON_POLICIES=(
   "size-class:size_class:placement-policy:wit/compat/v0.1.0"
-  "first-fit-planner:first_fit_planner:planner-policy:wit"
+  "first-fit-planner:first_fit_planner:planner-policy:wit/compat/v0.3.0"
 )
 # name:source:world:WIT folder (relative to the repository root)
 JS_POLICIES=("dtr-evict:dtr-evict.js:eviction-policy:wit/compat/v0.1.0")

@@ -451,11 +451,12 @@ pub trait PlannerPolicy: Send {
     /// For a profile of two like training steps (the engine plans two at a
     /// time when a step's output outlives its next instance): a plan in an
     /// aliased arena ([`AliasedPlan`]), or `None` (the default: the plain
-    /// plan of [`PlannerPolicy::plan`] serves). WIT 0.3.0 has no such call:
-    /// only native planners make them.
-    fn plan_aliased(&mut self, profile: &StepProfile, ctx: &PolicyContext) -> Option<AliasedPlan> {
+    /// plan of [`PlannerPolicy::plan`] serves). An error refuses it and
+    /// counts as a failure of the planner. WIT `planner.plan-aliased`
+    /// (0.4.0); a planner component of 0.3.0 makes none.
+    fn plan_aliased(&mut self, profile: &StepProfile, ctx: &PolicyContext) -> Result<Option<AliasedPlan>, PolicyError> {
         let _ = (profile, ctx);
-        None
+        Ok(None)
     }
     /// The learned state behind this role (see [`PolicyState`]).
     fn state(&self) -> Option<StateHandle> {

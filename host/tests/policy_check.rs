@@ -21,8 +21,8 @@ fn shipped_rust_policies_pass() {
         println!("{v}");
         assert!(v.passed(), "{v}");
         assert_eq!(v.policy, name);
-        assert_eq!(v.wit_version, Some(WitVersion::V0_3), "{v}");
-        assert!(v.to_string().contains("(wasmem:policy@0.3.0)"), "{v}");
+        assert_eq!(v.wit_version, Some(WitVersion::V0_4), "{v}");
+        assert!(v.to_string().contains("(wasmem:policy@0.4.0)"), "{v}");
         assert_eq!(v.planner, name == "greedy-planner", "{v}");
     }
 }
@@ -175,10 +175,14 @@ fn a_planner_is_checked_on_fuzzed_profiles_and_hostile_plans_fail() {
     let v = check_with(&rt, &path, &opts("mode=ok"));
     println!("{v}");
     common::assert_conformant(&v);
-    assert!(v.planner && v.roles.is_empty() && v.to_string().contains("roles: planner (wasmem:policy@0.3.0)"), "{v}");
-    for item in
-        ["planner: valid plans", "planner: determinism", "planner: a restored instance continues like the original"]
-    {
+    assert!(v.planner && v.roles.is_empty() && v.to_string().contains("roles: planner (wasmem:policy@0.4.0)"), "{v}");
+    for item in [
+        "planner: valid plans",
+        "planner: determinism",
+        "planner: a restored instance continues like the original",
+        "planner: valid aliased plans",
+        "planner: aliased determinism",
+    ] {
         assert_eq!(v.item(item).map(|i| i.outcome), Some(Outcome::Pass), "{item}: {v}");
     }
     let c = v.planner_cost.as_ref().unwrap();
@@ -200,6 +204,21 @@ fn a_planner_is_checked_on_fuzzed_profiles_and_hostile_plans_fail() {
         let item = v.item("planner: valid plans").unwrap_or_else(|| panic!("{mode}: {v}"));
         assert_eq!(item.outcome, Outcome::Fail, "{mode}: {v}");
         assert!(item.detail.contains(reason) && item.detail.contains("planning call "), "{mode}: {v}");
+    }
+    // Aliased plans (WIT 0.4.0): the plain plans pass, the aliased ones fail.
+    for (mode, reason) in [
+        ("alias-overlap", "share bytes"),
+        ("alias-zone", "zones at most half"),
+        ("alias-outside", "leaves its window"),
+        ("alias-refuse", "hostile planner refuses an aliased plan"),
+        ("alias-trap", "hostile planner traps on an aliased plan"),
+    ] {
+        let v = check_with(&rt, &path, &opts(&format!("mode={mode}")));
+        assert!(!v.passed(), "{mode}: {v}");
+        assert_eq!(v.item("planner: valid plans").map(|i| i.outcome), Some(Outcome::Pass), "{mode}: {v}");
+        let item = v.item("planner: valid aliased plans").unwrap_or_else(|| panic!("{mode}: {v}"));
+        assert_eq!(item.outcome, Outcome::Fail, "{mode}: {v}");
+        assert!(item.detail.contains(reason) && item.detail.contains("aliased call "), "{mode}: {v}");
     }
 }
 

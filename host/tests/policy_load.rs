@@ -20,7 +20,7 @@ fn shipped_policies_export_their_roles() {
         let path = need!(common::rust_policy(name));
         let loaded = rt.load(&path).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(loaded.roles(), roles.as_slice(), "{name}");
-        assert_eq!(loaded.wit_version(), WitVersion::V0_3, "{name} is built against wit/");
+        assert_eq!(loaded.wit_version(), WitVersion::V0_4, "{name} is built against wit/");
         assert!(!loaded.imports_wasi(), "{name} should import no WASI");
         let p = loaded.instantiate("").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(p.name(), name);
@@ -73,7 +73,7 @@ fn wrong_wit_version_is_refused_with_policy_and_cause() {
     assert!(
         msg.contains("`future`")
             && msg.contains("wasmem:policy/placement@9.0.0")
-            && msg.contains("0.1.0, 0.2.0 or 0.3.0"),
+            && msg.contains("0.1.0, 0.2.0, 0.3.0 or 0.4.0"),
         "{msg}"
     );
 }

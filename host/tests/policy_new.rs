@@ -1,5 +1,5 @@
 //! `wasmem policy new`: a project for each language and role (the planner
-//! of WIT 0.3.0 included) is created
+//! of WIT 0.4.0 included) is created
 //! outside the repository, builds offline with the toolchains
 //! `policies/build.sh` installs, and passes `policy check` unchanged. A
 //! language whose toolchain is absent is skipped with a message. Also: the
@@ -169,5 +169,5 @@ fn the_cli_creates_a_project_and_says_how_to_build_it() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("js planner policy `my-plan`"));
     let js = std::fs::read_to_string(dir.join("my-plan.js")).unwrap();
-    assert!(js.contains("export const planner") && js.contains("wasmem:policy@0.3.0, world planner-policy"), "{js}");
+    assert!(js.contains("export const planner") && js.contains("wasmem:policy@0.4.0, world planner-policy"), "{js}");
 }

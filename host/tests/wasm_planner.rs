@@ -1,16 +1,20 @@
-//! Planner components (WIT 0.3.0) against the engine:
+//! Planner components (WIT 0.3.0 and 0.4.0) against the engine:
 //!
 //! - the shipped `greedy-planner` (Rust) plans exactly as the built-in
 //!   greedy planner, plan for plan: on the step profiles the allocator
 //!   builds from the shared traces (and their whole-trace offline profile,
-//!   as `wasmem plan` builds it), and on random profiles (proptest);
+//!   as `wasmem plan` builds it), and on random profiles (proptest); and
+//!   its aliased plans (`plan-aliased`, 0.4.0) of a loop that keeps its
+//!   output until the next forward are the built-in's;
 //! - a replay with `greedy-planner+defrag` has the very metrics of one with
-//!   the built-in `planned`;
+//!   the built-in `planned`, kept-output loops included, where the same
+//!   planner built against 0.3.0 (`tests/data/wit-0.3.0`) plans plainly;
 //! - the Python `first-fit-planner`'s plans pass the engine's validation,
 //!   and it serves steps from its arena in a replay;
 //! - a hostile planner is refused in every way it misbehaves, counted in
 //!   `plan_refused` with the cause recorded, and the run continues with the
-//!   peak of `defrag` alone.
+//!   peak of `defrag` alone (or, when only its aliased plans are bad, as a
+//!   planner of plain plans).
 #![cfg(feature = "wasm")]
 
 mod common;
@@ -23,14 +27,16 @@ use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use wasmem::alloc::Allocator;
 use wasmem::builtin::GreedyPlanner;
-use wasmem::decision::{validate_plan, Plan, PlanRequest, PlannerPolicy, PolicyContext, PolicyError, StepProfile};
+use wasmem::decision::{
+    validate_plan, AliasedPlan, Plan, PlanRequest, PlannerPolicy, PolicyContext, PolicyError, StepProfile,
+};
 use wasmem::device::sim::{SimConfig, SimDevice};
 use wasmem::model::ModelSpec;
 use wasmem::policy::{resolve_with, Limits, Runtime, WasmPlanner, WitVersion};
 use wasmem::replay::{replay_with, Metrics, Replay, ReplayConfig};
 use wasmem::synth::synth;
 use wasmem::trace::Event;
-use wasmem::types::{StreamId, TensorKind, GIB};
+use wasmem::types::{Phase, StreamId, TensorKind, GIB, KIB, MIB};
 use wasmem::workload::{Source, Workload};
 
 /// The shared traces present on this machine.
@@ -56,6 +62,9 @@ impl PlannerPolicy for Recording {
         self.0.lock().unwrap().push(profile.clone());
         Ok(GreedyPlanner::plan_profile(profile))
     }
+    fn plan_aliased(&mut self, profile: &StepProfile, ctx: &PolicyContext) -> Result<Option<AliasedPlan>, PolicyError> {
+        GreedyPlanner.plan_aliased(profile, ctx)
+    }
 }
 
 /// The step profiles the allocator hands its planner on a replay of `trace`
@@ -77,7 +86,7 @@ fn trace_profiles(trace: &Path) -> Vec<StepProfile> {
 fn greedy(rt: &Runtime) -> Option<WasmPlanner> {
     let path = common::rust_policy("greedy-planner")?;
     let loaded = rt.load(&path).unwrap();
-    assert_eq!(loaded.wit_version(), WitVersion::V0_3);
+    assert_eq!(loaded.wit_version(), WitVersion::V0_4);
     assert!(loaded.exports_planner() && loaded.roles().is_empty(), "{loaded:?}");
     Some(loaded.instantiate("").unwrap().planner().expect("a planner"))
 }
@@ -90,6 +99,9 @@ fn ctx() -> PolicyContext {
 fn greedy_planner_plans_as_the_built_in_on_trace_profiles() {
     let rt = common::relaxed_runtime();
     let mut wasm = need!(greedy(&rt));
+    // Its 0.3.0 build too (plain plans are the same in both versions).
+    let old = greedy_0_3_0().expect("tests/data/wit-0.3.0/greedy-planner.wasm is committed");
+    let mut old = rt.load(&old).unwrap().instantiate("").unwrap().planner().expect("a planner");
     for trace in traces() {
         let profiles = trace_profiles(&trace);
         let mut requests = 0;
@@ -97,6 +109,8 @@ fn greedy_planner_plans_as_the_built_in_on_trace_profiles() {
             let native = GreedyPlanner::plan_profile(p);
             let theirs = wasm.plan(p, &ctx()).unwrap_or_else(|e| panic!("{}: profile {i}: {e}", trace.display()));
             assert_eq!(theirs, native, "{}: profile {i} ({} requests)", trace.display(), p.requests.len());
+            assert_eq!(old.plan(p, &ctx()).unwrap(), native, "0.3.0: {}: profile {i}", trace.display());
+            assert_eq!(old.plan_aliased(p, &ctx()).unwrap(), None, "a 0.3.0 planner makes no aliased plan");
             assert!(native.planned() > 0);
             validate_plan(p, &theirs, u64::MAX).unwrap();
             requests += p.requests.len();
@@ -299,4 +313,118 @@ fn a_planning_call_gets_a_deadline_scaled_by_its_requests() {
     assert_eq!(rt.planning_deadline(0), l.deadline);
     assert_eq!(rt.planning_deadline(50_000), Some(Duration::from_millis(1) + Duration::from_micros(25) * 50_000));
     assert_eq!(rt.decision_deadline(0), l.deadline);
+}
+
+/// A training loop that keeps its output until the next forward (`out =
+/// model(x)` in the usual Hugging Face loop): each step's layer outputs and
+/// logits are freed in the next step, once its own logits are allocated.
+/// The engine profiles such steps two at a time.
+fn kept_output_events(layers: u64, steps: u64) -> Vec<Event> {
+    let (act, logits) = (3 * MIB, 24 * MIB);
+    let mut ev = Vec::new();
+    let mut next = 0u64;
+    let mut alloc = |ev: &mut Vec<Event>, bytes: u64, kind: TensorKind| {
+        next += 1;
+        ev.push(Event::Alloc { id: next, bytes, kind, stream: 0, t_us: None });
+        next
+    };
+    let free = |ev: &mut Vec<Event>, id: u64| ev.push(Event::Free { id, t_us: None });
+    let mut kept: Vec<u64> = Vec::new();
+    for step in 0..steps {
+        ev.push(Event::Phase { phase: Phase::Forward, step });
+        let mut acts = Vec::new();
+        let mut outs = Vec::new();
+        for l in 0..layers {
+            acts.push(alloc(&mut ev, act + (l % 3) * 64 * KIB, TensorKind::Activation));
+            outs.push(alloc(&mut ev, act / 2, TensorKind::Activation));
+            let t = alloc(&mut ev, act / 4, TensorKind::Temp);
+            free(&mut ev, t);
+        }
+        outs.push(alloc(&mut ev, logits, TensorKind::Activation));
+        for id in kept.drain(..) {
+            free(&mut ev, id);
+        }
+        ev.push(Event::Phase { phase: Phase::Backward, step });
+        let (t1, t2) = (alloc(&mut ev, logits, TensorKind::Temp), alloc(&mut ev, logits, TensorKind::Temp));
+        free(&mut ev, t1);
+        free(&mut ev, t2);
+        for &a in acts.iter().rev() {
+            let t = alloc(&mut ev, act / 3, TensorKind::Temp);
+            free(&mut ev, t);
+            free(&mut ev, a);
+        }
+        kept = outs;
+        ev.push(Event::Phase { phase: Phase::StepEnd, step });
+    }
+    ev
+}
+
+/// The shipped planner built against WIT 0.3.0 (plain plans only).
+fn greedy_0_3_0() -> Option<PathBuf> {
+    let path = common::repo().join("tests/data/wit-0.3.0/greedy-planner.wasm");
+    path.is_file().then_some(path)
+}
+
+#[test]
+fn greedy_planner_makes_the_built_in_s_aliased_plans() {
+    let rt = common::relaxed_runtime();
+    let path = need!(common::rust_policy("greedy-planner"));
+    let old = greedy_0_3_0().expect("tests/data/wit-0.3.0/greedy-planner.wasm is committed");
+    let loaded = rt.load(&old).unwrap();
+    assert_eq!((loaded.wit_version(), loaded.exports_planner()), (WitVersion::V0_3, true));
+    let events = kept_output_events(4, 10);
+    let builtin = metrics(&replay_spec(&rt, "planned", &events, 80 * GIB));
+    let wasm = metrics(&replay_spec(&rt, &format!("{}+defrag", path.display()), &events, 80 * GIB));
+    assert_eq!(builtin, wasm, "planned vs greedy-planner+defrag on a kept-output loop");
+    // The 0.3.0 build loads and plans, plainly: its plan of two steps in one
+    // arena is refused by the peak guard or serves fewer requests.
+    let plain = metrics(&replay_spec(&rt, &format!("{}+defrag", old.display()), &events, 80 * GIB));
+    assert!(plain.plans >= 1, "{plain:?}");
+    assert!(builtin.plan_hits > plain.plan_hits, "aliased {builtin:?}\nplain {plain:?}");
+    assert!(builtin.peak_reserved_bytes <= plain.peak_reserved_bytes, "aliased {builtin:?}\nplain {plain:?}");
+    // Plan for plan, on the two-step profiles the engine builds.
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut a =
+        Allocator::with_builtin(SimDevice::new(SimConfig { capacity: 80 * GIB, ..SimConfig::default() }), "planned")
+            .unwrap();
+    a.set_planner(Some(Box::new(Recording(Arc::clone(&log)))));
+    replay_with(events.iter().cloned().map(Ok::<_, String>), a, &ReplayConfig::default(), |_| {}).unwrap();
+    let profiles = std::mem::take(&mut *log.lock().unwrap());
+    let mut wasm = greedy(&rt).unwrap();
+    let mut aliased = 0;
+    for (i, p) in profiles.iter().enumerate() {
+        let want = GreedyPlanner.plan_aliased(p, &ctx()).unwrap();
+        assert_eq!(wasm.plan_aliased(p, &ctx()).unwrap(), want, "profile {i}");
+        aliased += usize::from(want.is_some());
+    }
+    assert!(aliased >= 1, "no two-step profile among {}", profiles.len());
+}
+
+#[test]
+fn hostile_aliased_plans_are_refused_and_the_plain_plan_serves() {
+    let path = need!(common::hostile_planner());
+    let rt = common::relaxed_runtime();
+    let events = kept_output_events(4, 10);
+    let old = greedy_0_3_0().expect("tests/data/wit-0.3.0/greedy-planner.wasm is committed");
+    let plain = metrics(&replay_spec(&rt, &format!("{}+defrag", old.display()), &events, 80 * GIB));
+    for (mode, cause) in [
+        ("alias-overlap", "share bytes"),
+        ("alias-zone", "zones at most half"),
+        ("alias-pages", "is not whole pages"),
+        ("alias-outside", "leaves its window"),
+        ("alias-refuse", "hostile planner refuses an aliased plan"),
+        ("alias-trap", "hostile planner traps on an aliased plan"),
+    ] {
+        let r = replay_spec(&rt, &format!("{}?mode={mode}+defrag", path.display()), &events, 80 * GIB);
+        let h = r.allocator.planner_health().expect("planning is on").clone();
+        let m = metrics(&r);
+        assert!(m.plan_refused >= 1, "{mode}: {m:?}");
+        let err = h.last_error.clone().unwrap_or_default();
+        assert!(err.contains(cause), "{mode}: last error `{err}`");
+        // Nothing of the refused plans was used: the run is that of a
+        // planner of plain plans.
+        let same =
+            |m: &Metrics| (m.plans, m.plan_hits, m.plan_misses, m.plan_arena_bytes, m.peak_reserved_bytes, m.ooms);
+        assert_eq!(same(&m), same(&plain), "{mode}");
+    }
 }

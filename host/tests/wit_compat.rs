@@ -1,9 +1,10 @@
-//! WIT 0.1.0, 0.2.0 and 0.3.0 side by side: components built against 0.1.0
-//! and 0.2.0 (the prebuilt fixtures of `tests/data/wit-0.1.0` and
-//! `tests/data/wit-0.2.0`) load and decide exactly as the same policies
-//! rebuilt against the current package (0.3.0); a plan's compaction,
-//! stitching, trimming and paged-segments request reach the engine from a
-//! 0.2.0 component and from its 0.3.0 rebuild.
+//! WIT 0.1.0 to 0.4.0 side by side: components built against 0.1.0, 0.2.0
+//! and 0.3.0 (the prebuilt fixtures of `tests/data/wit-0.1.0`,
+//! `tests/data/wit-0.2.0` and `tests/data/wit-0.3.0`) load and decide
+//! exactly as the same policies rebuilt against the current package
+//! (0.4.0), the 0.3.0 planner plan for plan; a plan's compaction,
+//! stitching, trimming and paged-segments request reach the engine from
+//! 0.2.0 and 0.3.0 components and from their 0.4.0 rebuild.
 #![cfg(feature = "wasm")]
 
 mod common;
@@ -28,6 +29,11 @@ fn old(name: &str) -> PathBuf {
 /// The 0.2.0 fixture `name`.
 fn v2(name: &str) -> PathBuf {
     common::repo().join("tests/data/wit-0.2.0").join(format!("{name}.wasm"))
+}
+
+/// The 0.3.0 fixture `name`.
+fn v3(name: &str) -> PathBuf {
+    common::repo().join("tests/data/wit-0.3.0").join(format!("{name}.wasm"))
 }
 
 /// A small deterministic generator (SplitMix64).
@@ -146,13 +152,13 @@ fn components_of_0_1_0_load_and_decide_as_their_rebuilds() {
 
         let new = need!(common::rust_policy(name));
         let loaded = rt.load(&new).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(loaded.wit_version(), WitVersion::V0_3, "{name}");
+        assert_eq!(loaded.wit_version(), WitVersion::V0_4, "{name}");
         assert_eq!(loaded.roles(), roles.as_slice(), "{name}");
         let b = loaded.instantiate("").unwrap();
         let (ta, tb) = (transcript(&a, true), transcript(&b, true));
         assert!(ta.len() >= 100, "{name}: {} decisions", ta.len());
         if let Some(i) = ta.iter().zip(&tb).position(|(x, y)| x != y) {
-            panic!("{name}: decision {i} differs: 0.1.0 `{}`, 0.3.0 `{}`", ta[i], tb[i]);
+            panic!("{name}: decision {i} differs: 0.1.0 `{}`, 0.4.0 `{}`", ta[i], tb[i]);
         }
         assert_eq!(ta.len(), tb.len(), "{name}");
         // State transfer works across versions (a hot swap from an old build to a new one).
@@ -160,37 +166,61 @@ fn components_of_0_1_0_load_and_decide_as_their_rebuilds() {
     }
 }
 
-#[test]
-fn components_of_0_2_0_load_and_decide_as_their_0_3_0_rebuilds() {
+/// Components of an earlier version (`fixture`, of `version`) decide as
+/// their rebuilds against the current package, and hand their state over.
+fn decide_as_their_rebuilds(version: WitVersion, fixture: fn(&str) -> PathBuf, policies: &[(&str, Vec<Role>, &str)]) {
     let rt = common::relaxed_runtime();
-    for (name, roles, config) in [
-        ("pytorch-like", vec![Role::Placement, Role::Reclamation], ""),
-        ("watermark-reclaim", vec![Role::Reclamation], ""),
-        ("lru-evict", vec![Role::Eviction], ""),
-        ("lifecycle", vec![Role::Placement, Role::Reclamation], ""),
-        ("defrag-reclaim", vec![Role::Reclamation], "cached_high=100MiB compact_fraction=0.05 frag=0.05"),
-    ] {
-        let loaded = rt.load(v2(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(loaded.wit_version(), WitVersion::V0_2, "{name}");
+    for (name, roles, config) in policies {
+        let loaded = rt.load(fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(loaded.wit_version(), version, "{name}");
         assert_eq!(loaded.roles(), roles.as_slice(), "{name}");
         assert!(!loaded.exports_planner(), "{name}");
         let a = loaded.instantiate(config).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!((a.name(), a.wit_version()), (name, WitVersion::V0_2));
+        assert_eq!((a.name(), a.wit_version()), (*name, version));
 
         let new = need!(common::rust_policy(name));
         let loaded = rt.load(&new).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(loaded.wit_version(), WitVersion::V0_3, "{name}");
+        assert_eq!(loaded.wit_version(), WitVersion::V0_4, "{name}");
         assert_eq!(loaded.roles(), roles.as_slice(), "{name}");
         let b = loaded.instantiate(config).unwrap();
         assert_eq!(a.paged_segments(), b.paged_segments(), "{name}");
         let (ta, tb) = (transcript(&a, false), transcript(&b, false));
         assert!(ta.len() >= 100, "{name}: {} decisions", ta.len());
         if let Some(i) = ta.iter().zip(&tb).position(|(x, y)| x != y) {
-            panic!("{name}: decision {i} differs: 0.2.0 `{}`, 0.3.0 `{}`", ta[i], tb[i]);
+            panic!("{name}: decision {i} differs: {version} `{}`, 0.4.0 `{}`", ta[i], tb[i]);
         }
         assert_eq!(ta.len(), tb.len(), "{name}");
         b.load_state(&a.save_state().unwrap()).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
+}
+
+const DEFRAG_CONFIG: &str = "cached_high=100MiB compact_fraction=0.05 frag=0.05";
+
+#[test]
+fn components_of_0_2_0_load_and_decide_as_their_0_4_0_rebuilds() {
+    decide_as_their_rebuilds(
+        WitVersion::V0_2,
+        v2,
+        &[
+            ("pytorch-like", vec![Role::Placement, Role::Reclamation], ""),
+            ("watermark-reclaim", vec![Role::Reclamation], ""),
+            ("lru-evict", vec![Role::Eviction], ""),
+            ("lifecycle", vec![Role::Placement, Role::Reclamation], ""),
+            ("defrag-reclaim", vec![Role::Reclamation], DEFRAG_CONFIG),
+        ],
+    );
+}
+
+#[test]
+fn components_of_0_3_0_load_and_decide_as_their_0_4_0_rebuilds() {
+    decide_as_their_rebuilds(
+        WitVersion::V0_3,
+        v3,
+        &[
+            ("lifecycle", vec![Role::Placement, Role::Reclamation], ""),
+            ("defrag-reclaim", vec![Role::Reclamation], DEFRAG_CONFIG),
+        ],
+    );
 }
 
 fn replay_metrics(spec: &str) -> (Metrics, u64) {
@@ -232,9 +262,13 @@ fn components_of_0_1_0_replay_exactly_as_before() {
 }
 
 #[test]
-fn a_reclamation_plan_reaches_the_engine_from_0_2_0_and_0_3_0() {
+fn a_reclamation_plan_reaches_the_engine_from_0_2_0_0_3_0_and_0_4_0() {
     let rebuilt = need!(common::rust_policy("defrag-reclaim"));
-    for (path, version) in [(v2("defrag-reclaim"), WitVersion::V0_2), (rebuilt, WitVersion::V0_3)] {
+    for (path, version) in [
+        (v2("defrag-reclaim"), WitVersion::V0_2),
+        (v3("defrag-reclaim"), WitVersion::V0_3),
+        (rebuilt, WitVersion::V0_4),
+    ] {
         a_plan_reaches_the_engine(&path, version);
     }
 }

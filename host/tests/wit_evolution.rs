@@ -1,8 +1,9 @@
 //! The WIT evolution rule, checked on the text: each version holds every
 //! item of the one before unchanged — the frozen 0.2.0 copy
 //! (`wit/compat/v0.2.0`) those of 0.1.0 (`wit/compat/v0.1.0`, all marked
-//! `@since(version = 0.1.0)`), `wit/` (0.3.0) those of 0.2.0 — and every
-//! item it adds is marked with the version that added it.
+//! `@since(version = 0.1.0)`), the frozen 0.3.0 copy (`wit/compat/v0.3.0`)
+//! those of 0.2.0, `wit/` (0.4.0) those of 0.3.0 — and every item it adds
+//! is marked with the version that added it.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -134,7 +135,7 @@ fn wit_0_2_0_keeps_every_item_of_0_1_0_and_marks_what_it_adds() {
 
 #[test]
 fn wit_0_3_0_keeps_every_item_of_0_2_0_and_marks_what_it_adds() {
-    let added = evolution("wit/compat/v0.2.0", "0.2.0", "wit", "0.3.0");
+    let added = evolution("wit/compat/v0.2.0", "0.2.0", "wit/compat/v0.3.0", "0.3.0");
     assert_eq!(
         added,
         [
@@ -164,13 +165,27 @@ fn wit_0_3_0_keeps_every_item_of_0_2_0_and_marks_what_it_adds() {
 }
 
 #[test]
-fn the_frozen_0_2_0_copy_is_the_0_2_0_text() {
-    // Only the package line and comments may differ between `wit/` and
-    // the frozen copy for the files 0.3.0 did not add to.
+fn wit_0_4_0_keeps_every_item_of_0_3_0_and_marks_what_it_adds() {
+    let added = evolution("wit/compat/v0.3.0", "0.3.0", "wit", "0.4.0");
+    assert_eq!(added, ["planner/aliased-plan", "planner/plan-aliased", "types/aliased-plan"], "the items 0.4.0 adds");
+}
+
+#[test]
+fn the_frozen_copies_are_the_text_of_their_versions() {
+    // Only the package line may differ between a version and the frozen
+    // copy of the one before, for the files the version did not add to.
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let read = |dir: &str, f: &str| std::fs::read_to_string(root.join(format!("{dir}/{f}.wit"))).unwrap();
     for f in ["eviction", "host", "lifecycle", "placement"] {
-        let old = std::fs::read_to_string(root.join(format!("wit/compat/v0.2.0/{f}.wit"))).unwrap();
-        let new = std::fs::read_to_string(root.join(format!("wit/{f}.wit"))).unwrap();
-        assert_eq!(old.replace("@0.2.0;", "@0.3.0;"), new, "{f}.wit");
+        let (v2, v3, v4) = (read("wit/compat/v0.2.0", f), read("wit/compat/v0.3.0", f), read("wit", f));
+        assert_eq!(v2.replace("@0.2.0;", "@0.3.0;"), v3, "{f}.wit: 0.2.0 and 0.3.0");
+        assert_eq!(v3.replace("@0.3.0;", "@0.4.0;"), v4, "{f}.wit: 0.3.0 and 0.4.0");
+    }
+    for f in ["reclamation", "worlds"] {
+        assert_eq!(
+            read("wit/compat/v0.3.0", f).replace("@0.3.0;", "@0.4.0;"),
+            read("wit", f),
+            "{f}.wit: 0.3.0 and 0.4.0"
+        );
     }
 }

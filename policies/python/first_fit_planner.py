@@ -2,7 +2,7 @@
 
 The logic lives in `first_fit_planner_logic` (plain Python, tested by
 `test_first_fit_planner.py`); this module binds it to the generated WIT
-bindings. Build: ``componentize-py -d ../../wit -w planner-policy componentize
+bindings. Build: ``componentize-py -d ../../wit/compat/v0.3.0 -w planner-policy componentize
 first_fit_planner -o first-fit-planner.wasm``.
 """
 

@@ -1251,14 +1251,21 @@ impl<D: Device> Allocator<D> {
     fn ask_aliased(&mut self, profile: &StepProfile) -> Option<AliasedPlan> {
         let ctx = self.context();
         let (granularity, capacity) = (self.device.granularity(), self.device.capacity());
+        let max = self.policies.max_consecutive_failures;
         let p = self.planning.as_mut().filter(|p| p.period == 2 && !p.health.disabled)?;
-        let plan = p.planner.plan_aliased(profile, &ctx)?;
-        match validate_aliased(profile, &plan, granularity, capacity) {
-            Ok(()) if plan.offsets.iter().any(Option::is_some) => Some(plan),
-            Ok(()) => None,
+        let result = p.planner.plan_aliased(profile, &ctx).and_then(|plan| match plan {
+            Some(plan) => {
+                validate_aliased(profile, &plan, granularity, capacity).map(|()| Some(plan)).map_err(Into::into)
+            }
+            None => Ok(None),
+        });
+        match result {
+            Ok(plan) => plan.filter(|plan| plan.offsets.iter().any(Option::is_some)),
             Err(e) => {
+                let name = p.planner.name().to_string();
+                p.health.record("planner", &name, &e, max);
                 self.stats.plan_refused += 1;
-                tracing::warn!(planner = %p.planner.name(), step = profile.step, error = %e, "aliased plan refused");
+                tracing::warn!(planner = %name, step = profile.step, error = %e, "aliased plan refused");
                 None
             }
         }

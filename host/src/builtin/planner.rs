@@ -56,9 +56,13 @@ impl PlannerPolicy for GreedyPlanner {
         Ok(Self::plan_profile(profile))
     }
 
-    fn plan_aliased(&mut self, profile: &StepProfile, _ctx: &PolicyContext) -> Option<AliasedPlan> {
+    fn plan_aliased(
+        &mut self,
+        profile: &StepProfile,
+        _ctx: &PolicyContext,
+    ) -> Result<Option<AliasedPlan>, PolicyError> {
         let requests: Vec<wasmem_plan_core::Request> = profile.requests.iter().map(|r| r.core()).collect();
-        wasmem_plan_core::aliased(&requests)
+        Ok(wasmem_plan_core::aliased(&requests))
     }
 }
 

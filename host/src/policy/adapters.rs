@@ -21,9 +21,9 @@ use std::sync::Arc;
 
 use super::instance::{CallKind, WasmPolicy};
 use crate::decision::{
-    AllocRequest, EvictionCandidate, EvictionPolicy, PlacementDecision, PlacementPolicy, Plan, PlannerPolicy, Policies,
-    PolicyContext, PolicyError, PoolSpec, ReclaimDecision, ReclaimTrigger, ReclamationPolicy, Role, StateHandle,
-    StepProfile,
+    AliasedPlan, AllocRequest, EvictionCandidate, EvictionPolicy, PlacementDecision, PlacementPolicy, Plan,
+    PlannerPolicy, Policies, PolicyContext, PolicyError, PoolSpec, ReclaimDecision, ReclaimTrigger, ReclamationPolicy,
+    Role, StateHandle, StepProfile,
 };
 use crate::spec::{Part, Resolved};
 use crate::types::TensorId;
@@ -258,6 +258,18 @@ impl PlannerPolicy for WasmPlanner {
             Some(Ok(plan)) => Ok(plan),
             Some(Err(msg)) => Err(PolicyError::Refused(crate::text::message(&msg))),
             None => Err(PolicyError::Trap(format!("policy `{}` does not export the planner", self.policy.name()))),
+        }
+    }
+
+    fn plan_aliased(&mut self, profile: &StepProfile, ctx: &PolicyContext) -> Result<Option<AliasedPlan>, PolicyError> {
+        if !self.policy.wit_version().has_aliased_plans() {
+            return Ok(None);
+        }
+        let n = profile.requests.len();
+        match self.policy.lock().call(CallKind::Planning(n), ctx, |g, s| g.plan_aliased(s, profile))? {
+            Some(Ok(plan)) => Ok(plan),
+            Some(Err(msg)) => Err(PolicyError::Refused(crate::text::message(&msg))),
+            None => Ok(None),
         }
     }
 

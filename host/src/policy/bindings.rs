@@ -7,11 +7,14 @@
 //! - [`v0_2`]: `wasmem:policy@0.2.0`, from the frozen copy in
 //!   `wit/compat/v0.2.0/` (adds `reclaim-plan` and the `reclamation`
 //!   functions `plan` and `paged-segments`);
-//! - [`v0_3`]: `wasmem:policy@0.3.0`, from `wit/` (adds the `planner`
-//!   interface and its types `plan-request`, `step-profile`, `arena-plan`).
+//! - [`v0_3`]: `wasmem:policy@0.3.0`, from the frozen copy in
+//!   `wit/compat/v0.3.0/` (adds the `planner` interface and its types
+//!   `plan-request`, `step-profile`, `arena-plan`);
+//! - [`v0_4`]: `wasmem:policy@0.4.0`, from `wit/` (adds `aliased-plan` and
+//!   the `planner` function `plan-aliased`).
 //!
 //! Interface names carry the package version (`wasmem:policy/reclamation@0.1.0`,
-//! `…@0.2.0`, `…@0.3.0`), and 0.x minors are not semver-compatible, so the
+//! `…@0.2.0`, …), and 0.x minors are not semver-compatible, so the
 //! sets of host imports coexist in one linker and a component links against the
 //! version it was built for. The WIT records mirror the native decision types
 //! one for one, so every conversion is total except eviction ids, which cross
@@ -25,7 +28,7 @@ use std::fmt;
 use crate::types::TensorId;
 
 /// The newest version of the WIT package this engine speaks (what `wit/` holds).
-pub const WIT_VERSION: &str = "0.3.0";
+pub const WIT_VERSION: &str = "0.4.0";
 /// The WIT package name (without version).
 pub const WIT_PACKAGE: &str = "wasmem:policy";
 
@@ -39,11 +42,13 @@ pub enum WitVersion {
     V0_2,
     /// `0.3.0`: adds the `planner` interface (planned placement of repeating steps).
     V0_3,
+    /// `0.4.0`: adds `planner.plan-aliased` (plans of two steps in an aliased arena).
+    V0_4,
 }
 
 impl WitVersion {
     /// Every version the engine loads, oldest first.
-    pub const ALL: [WitVersion; 3] = [WitVersion::V0_1, WitVersion::V0_2, WitVersion::V0_3];
+    pub const ALL: [WitVersion; 4] = [WitVersion::V0_1, WitVersion::V0_2, WitVersion::V0_3, WitVersion::V0_4];
 
     /// The version as written in interface names (`0.1.0`).
     pub fn as_str(self) -> &'static str {
@@ -51,15 +56,16 @@ impl WitVersion {
             WitVersion::V0_1 => "0.1.0",
             WitVersion::V0_2 => "0.2.0",
             WitVersion::V0_3 => "0.3.0",
+            WitVersion::V0_4 => "0.4.0",
         }
     }
 
-    /// The version written as `text` (exactly `0.1.0`, `0.2.0` or `0.3.0`).
+    /// The version written as `text` (exactly one of [`WitVersion::ALL`]'s).
     pub fn parse(text: &str) -> Option<WitVersion> {
         WitVersion::ALL.into_iter().find(|v| v.as_str() == text)
     }
 
-    /// The supported versions for messages: `0.1.0, 0.2.0 or 0.3.0`.
+    /// The supported versions for messages: `0.1.0, 0.2.0, 0.3.0 or 0.4.0`.
     pub fn supported() -> String {
         let v: Vec<&str> = WitVersion::ALL.iter().map(|v| v.as_str()).collect();
         match v.split_last() {
@@ -71,6 +77,11 @@ impl WitVersion {
     /// Whether components of this version can export the `planner` interface.
     pub fn has_planner(self) -> bool {
         self >= WitVersion::V0_3
+    }
+
+    /// Whether its planner can make aliased plans (`plan-aliased`).
+    pub fn has_aliased_plans(self) -> bool {
+        self >= WitVersion::V0_4
     }
 }
 
@@ -238,60 +249,71 @@ pub mod v0_1 {
     }
 }
 
+/// The conversions of the versions that have `reclaim-plan` (0.2.0 on) and,
+/// with `planner`, of the planner's types (0.3.0 on).
+macro_rules! plan_conversions {
+    () => {
+        /// A reclamation plan as the native decision: every field carries over.
+        pub fn plan_from_wit(d: wit::ReclaimPlan) -> decision::ReclaimDecision {
+            decision::ReclaimDecision {
+                release_bytes: d.release_bytes,
+                pools: d.pools,
+                compact: d.compact.map(|c| (c.pool, c.max_bytes)),
+                stitch: d.stitch,
+                trim: d.trim,
+            }
+        }
+    };
+    (planner) => {
+        plan_conversions!();
+
+        pub use exports::wasmem::policy::planner;
+
+        /// A step profile as the planner's input.
+        pub fn profile_to_wit(p: &decision::StepProfile) -> wit::StepProfile {
+            wit::StepProfile {
+                step: p.step,
+                requests: p
+                    .requests
+                    .iter()
+                    .map(|r| wit::PlanRequest {
+                        bytes: r.bytes,
+                        kind: kind_to_wit(r.kind),
+                        stream_id: r.stream.0,
+                        freed_at: r.freed_at,
+                        wraps_to: r.wraps_to,
+                    })
+                    .collect(),
+            }
+        }
+
+        /// A planner's answer as the native plan (validated by the engine).
+        pub fn arena_plan_from_wit(p: wit::ArenaPlan) -> decision::Plan {
+            decision::Plan { arena_bytes: p.arena_bytes, offsets: p.offsets }
+        }
+    };
+}
+
 /// `wasmem:policy@0.2.0` (frozen copy in `wit/compat/v0.2.0/`).
 pub mod v0_2 {
     version_bindings!("../wit/compat/v0.2.0", "full-policy");
-
-    /// A 0.2.0 plan as the native decision: every field carries over.
-    pub fn plan_from_wit(d: wit::ReclaimPlan) -> decision::ReclaimDecision {
-        decision::ReclaimDecision {
-            release_bytes: d.release_bytes,
-            pools: d.pools,
-            compact: d.compact.map(|c| (c.pool, c.max_bytes)),
-            stitch: d.stitch,
-            trim: d.trim,
-        }
-    }
+    plan_conversions!();
 }
 
-/// `wasmem:policy@0.3.0` (`wit/`).
+/// `wasmem:policy@0.3.0` (frozen copy in `wit/compat/v0.3.0/`).
 pub mod v0_3 {
+    version_bindings!("../wit/compat/v0.3.0", "full-planned-policy");
+    plan_conversions!(planner);
+}
+
+/// `wasmem:policy@0.4.0` (`wit/`).
+pub mod v0_4 {
     version_bindings!("../wit", "full-planned-policy");
+    plan_conversions!(planner);
 
-    pub use exports::wasmem::policy::planner;
-
-    /// A 0.3.0 plan as the native decision: every field carries over.
-    pub fn plan_from_wit(d: wit::ReclaimPlan) -> decision::ReclaimDecision {
-        decision::ReclaimDecision {
-            release_bytes: d.release_bytes,
-            pools: d.pools,
-            compact: d.compact.map(|c| (c.pool, c.max_bytes)),
-            stitch: d.stitch,
-            trim: d.trim,
-        }
-    }
-
-    /// A step profile as the planner's input.
-    pub fn profile_to_wit(p: &decision::StepProfile) -> wit::StepProfile {
-        wit::StepProfile {
-            step: p.step,
-            requests: p
-                .requests
-                .iter()
-                .map(|r| wit::PlanRequest {
-                    bytes: r.bytes,
-                    kind: kind_to_wit(r.kind),
-                    stream_id: r.stream.0,
-                    freed_at: r.freed_at,
-                    wraps_to: r.wraps_to,
-                })
-                .collect(),
-        }
-    }
-
-    /// A planner's answer as the native plan (validated by the engine).
-    pub fn arena_plan_from_wit(p: wit::ArenaPlan) -> decision::Plan {
-        decision::Plan { arena_bytes: p.arena_bytes, offsets: p.offsets }
+    /// A planner's aliased plan as the native one (validated by the engine).
+    pub fn aliased_plan_from_wit(p: wit::AliasedPlan) -> decision::AliasedPlan {
+        decision::AliasedPlan { arena_bytes: p.arena_bytes, zone_bytes: p.zone_bytes, offsets: p.offsets }
     }
 }
 
@@ -313,10 +335,12 @@ mod tests {
         assert_eq!(WitVersion::parse("0.2.0"), Some(WitVersion::V0_2));
         assert_eq!(WitVersion::parse("0.2"), None);
         assert_eq!(WitVersion::parse("0.3.0"), Some(WitVersion::V0_3));
-        assert_eq!(WitVersion::parse("0.4.0"), None);
+        assert_eq!(WitVersion::parse("0.4.0"), Some(WitVersion::V0_4));
+        assert_eq!(WitVersion::parse("0.5.0"), None);
         assert_eq!(WitVersion::ALL.last().map(|v| v.as_str()), Some(WIT_VERSION));
-        assert_eq!(WitVersion::supported(), "0.1.0, 0.2.0 or 0.3.0");
+        assert_eq!(WitVersion::supported(), "0.1.0, 0.2.0, 0.3.0 or 0.4.0");
         assert!(WitVersion::V0_3.has_planner() && !WitVersion::V0_2.has_planner());
+        assert!(WitVersion::V0_4.has_aliased_plans() && !WitVersion::V0_3.has_aliased_plans());
     }
 
     #[test]
@@ -388,5 +412,16 @@ mod tests {
         assert_eq!((w.requests[1].freed_at, w.requests[1].wraps_to), (None, Some(0)));
         let p = v0_3::arena_plan_from_wit(v0_3::wit::ArenaPlan { arena_bytes: 1024, offsets: vec![Some(512), None] });
         assert_eq!(p, Plan { arena_bytes: 1024, offsets: vec![Some(512), None] });
+        let w = v0_4::profile_to_wit(&profile);
+        assert_eq!((w.requests[1].bytes, w.requests[1].wraps_to), (9, Some(0)));
+        let a = v0_4::aliased_plan_from_wit(v0_4::wit::AliasedPlan {
+            arena_bytes: 4 << 20,
+            zone_bytes: 2 << 20,
+            offsets: vec![Some(0), None],
+        });
+        assert_eq!(
+            a,
+            crate::decision::AliasedPlan { arena_bytes: 4 << 20, zone_bytes: 2 << 20, offsets: vec![Some(0), None] }
+        );
     }
 }

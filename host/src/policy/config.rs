@@ -9,7 +9,7 @@ use std::time::Duration;
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Engine};
 
-use super::bindings::{v0_1, v0_2, v0_3};
+use super::bindings::{v0_1, v0_2, v0_3, v0_4};
 use super::cache::ArtifactCache;
 use super::error::LoadError;
 use super::host::HostState;
@@ -192,6 +192,8 @@ impl Runtime {
             .map_err(|e| LoadError::Engine(format!("host imports of wasmem:policy@0.2.0: {e:#}")))?;
         v0_3::FullPlannedPolicy::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(|e| LoadError::Engine(format!("host imports of wasmem:policy@0.3.0: {e:#}")))?;
+        v0_4::FullPlannedPolicy::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
+            .map_err(|e| LoadError::Engine(format!("host imports of wasmem:policy@0.4.0: {e:#}")))?;
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(|e| LoadError::Engine(format!("WASI imports: {e:#}")))?;
         let tick = config.tick();

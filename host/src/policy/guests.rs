@@ -11,17 +11,17 @@
 //! The differences between versions: reclamation — a 0.1.0 component is
 //! asked `reclaim` (its decision never compacts, stitches or trims, and it
 //! never asks for paged segments), a component of 0.2.0 or later `plan` and
-//! `paged-segments`; and the planner, which only a 0.3.0 component can
-//! export.
+//! `paged-segments`; and the planner, which a component of 0.3.0 or later
+//! can export, with `plan-aliased` from 0.4.0 on.
 
 use wasmtime::component::{Instance, InstancePre};
 use wasmtime::Store;
 
-use super::bindings::{v0_1 as b0_1, v0_2 as b0_2, v0_3 as b0_3, WitVersion};
+use super::bindings::{v0_1 as b0_1, v0_2 as b0_2, v0_3 as b0_3, v0_4 as b0_4, WitVersion};
 use super::host::HostState;
 use crate::decision::{
-    AllocRequest, EvictionCandidate, PlacementDecision, Plan, PolicyContext, PoolSpec, ReclaimDecision, ReclaimTrigger,
-    Role, StepProfile,
+    AliasedPlan, AllocRequest, EvictionCandidate, PlacementDecision, Plan, PolicyContext, PoolSpec, ReclaimDecision,
+    ReclaimTrigger, Role, StepProfile,
 };
 use crate::types::TensorId;
 
@@ -150,6 +150,7 @@ macro_rules! version_guests {
 version_guests!(v0_1);
 version_guests!(v0_2);
 version_guests!(v0_3);
+version_guests!(v0_4);
 
 impl v0_1::Guests {
     /// `reclaim`: release only.
@@ -202,6 +203,7 @@ macro_rules! planned_reclamation {
 
 planned_reclamation!(v0_2, b0_2);
 planned_reclamation!(v0_3, b0_3);
+planned_reclamation!(v0_4, b0_4);
 
 /// Export indices of a component, by WIT version.
 #[derive(Clone)]
@@ -210,6 +212,8 @@ pub(crate) enum Indices {
     V0_2(v0_2::Indices),
     /// With the planner's indices when the component exports it.
     V0_3(v0_3::Indices, Option<b0_3::planner::GuestIndices>),
+    /// With the planner's indices when the component exports it.
+    V0_4(v0_4::Indices, Option<b0_4::planner::GuestIndices>),
 }
 
 /// The typed exports of one instance, by WIT version.
@@ -218,6 +222,8 @@ pub(crate) enum Guests {
     V0_2(v0_2::Guests),
     /// With the planner when the component exports it.
     V0_3(v0_3::Guests, Option<b0_3::planner::Guest>),
+    /// With the planner when the component exports it.
+    V0_4(v0_4::Guests, Option<b0_4::planner::Guest>),
 }
 
 /// Runs the same expression on whichever version `$e` holds.
@@ -227,6 +233,7 @@ macro_rules! each {
             Guests::V0_1($g) => $body,
             Guests::V0_2($g) => $body,
             Guests::V0_3($g, _) => $body,
+            Guests::V0_4($g, _) => $body,
         }
     };
 }
@@ -250,6 +257,10 @@ impl Indices {
                 v0_3::Indices::new(pre, roles)?,
                 planner.then(|| b0_3::planner::GuestIndices::new(pre)).transpose()?,
             ),
+            WitVersion::V0_4 => Indices::V0_4(
+                v0_4::Indices::new(pre, roles)?,
+                planner.then(|| b0_4::planner::GuestIndices::new(pre)).transpose()?,
+            ),
         })
     }
 
@@ -259,6 +270,10 @@ impl Indices {
             Indices::V0_1(i) => Guests::V0_1(i.load(store, instance)?),
             Indices::V0_2(i) => Guests::V0_2(i.load(store, instance)?),
             Indices::V0_3(i, p) => Guests::V0_3(
+                i.load(&mut *store, instance)?,
+                p.as_ref().map(|p| p.load(&mut *store, instance)).transpose()?,
+            ),
+            Indices::V0_4(i, p) => Guests::V0_4(
                 i.load(&mut *store, instance)?,
                 p.as_ref().map(|p| p.load(&mut *store, instance)).transpose()?,
             ),
@@ -318,10 +333,11 @@ impl Guests {
             Guests::V0_1(_) => Ok(false),
             Guests::V0_2(g) => g.paged_segments(s),
             Guests::V0_3(g, _) => g.paged_segments(s),
+            Guests::V0_4(g, _) => g.paged_segments(s),
         }
     }
 
-    /// `planner.plan` (0.3.0): the plan, or the planner's refusal (its
+    /// `planner.plan` (0.3.0 on): the plan, or the planner's refusal (its
     /// text); `None` when the component exports no planner.
     pub(crate) fn plan(
         &self,
@@ -332,6 +348,27 @@ impl Guests {
             Guests::V0_3(_, Some(p)) => {
                 let answer = p.call_plan(s, &b0_3::profile_to_wit(profile))?;
                 Ok(Some(answer.map(b0_3::arena_plan_from_wit)))
+            }
+            Guests::V0_4(_, Some(p)) => {
+                let answer = p.call_plan(s, &b0_4::profile_to_wit(profile))?;
+                Ok(Some(answer.map(b0_4::arena_plan_from_wit)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// `planner.plan-aliased` (0.4.0 on): the aliased plan or none, or the
+    /// planner's refusal (its text); `None` when the component exports no
+    /// planner or one of an earlier version.
+    pub(crate) fn plan_aliased(
+        &self,
+        s: &mut Store<HostState>,
+        profile: &StepProfile,
+    ) -> wasmtime::Result<Option<Result<Option<AliasedPlan>, String>>> {
+        match self {
+            Guests::V0_4(_, Some(p)) => {
+                let answer = p.call_plan_aliased(s, &b0_4::profile_to_wit(profile))?;
+                Ok(Some(answer.map(|a| a.map(b0_4::aliased_plan_from_wit))))
             }
             _ => Ok(None),
         }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::bindings::{v0_1, v0_2, v0_3, GuestLogLevel};
+use super::bindings::{v0_1, v0_2, v0_3, v0_4, GuestLogLevel};
 use super::output::GuestOutput;
 use super::sandbox::{deny_all_wasi, MemoryCap};
 use crate::decision::PolicyContext;
@@ -156,3 +156,4 @@ macro_rules! host_imports {
 host_imports!(v0_1);
 host_imports!(v0_2);
 host_imports!(v0_3);
+host_imports!(v0_4);

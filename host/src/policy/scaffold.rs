@@ -14,7 +14,7 @@
 //! reclamation), least-recently-used eviction, or, for a planner, the
 //! engine's greedy-by-size plan (Rust, through the SDK) or a first-fit
 //! plan (Python, JavaScript), as a starting point. The WIT text is
-//! `wasmem:policy@0.3.0` from the repository's `wit/` (the single source of
+//! `wasmem:policy@0.4.0` from the repository's `wit/` (the single source of
 //! truth; the SDK's copy is checked identical by a test).
 
 use std::fmt;
@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use crate::decision::Role;
 use crate::policy::WIT_VERSION;
 
-/// What a new project implements: a decision role, or the planner (WIT 0.3.0).
+/// What a new project implements: a decision role, or the planner (WIT 0.3.0 on).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProjectRole {
     /// The placement role.
@@ -149,7 +149,7 @@ pub fn valid_name(name: &str) -> bool {
         && !name.ends_with('-')
 }
 
-/// The repository's `wit/` package (0.3.0), embedded.
+/// The repository's `wit/` package (0.4.0), embedded.
 pub const WIT_FILES: [(&str, &str); 8] = [
     ("eviction.wit", include_str!("../../../wit/eviction.wit")),
     ("host.wit", include_str!("../../../wit/host.wit")),
@@ -677,6 +677,14 @@ class Planner(exports.Planner):
             if end < n:
                 ending[end].append((off, size))
         return types.ArenaPlan(arena_bytes=arena, offsets=offsets)
+
+    @reported
+    def plan_aliased(self, profile):
+        # Steps whose output outlives its next instance are profiled two at a
+        # time; an aliased plan (types.AliasedPlan: two windows over one
+        # physical arena, the second with its end zones swapped) would serve
+        # them at their live bound. None: the plain plan above serves.
+        return None
 "#
         }
     };
@@ -874,6 +882,14 @@ export const planner = {
       if (end < n) ending[end].push([off, size]);
     }
     return { arenaBytes: arena, offsets };
+  },
+
+  // Steps whose output outlives its next instance are profiled two at a time;
+  // an aliased plan ({ arenaBytes, zoneBytes, offsets }: two windows over one
+  // physical arena, the second with its end zones swapped) would serve them at
+  // their live bound. undefined: the plain plan above serves.
+  planAliased(profile) {
+    return undefined;
   },
 };
 "#

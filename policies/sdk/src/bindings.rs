@@ -26,27 +26,27 @@ macro_rules! bind {
     ($world:tt, $macro_name:tt, $module:tt, { $($with:tt)* }) => {
         wit_bindgen::generate!({
             inline: "
-                package wasmem:policy-sdk@0.3.0;
+                package wasmem:policy-sdk@0.4.0;
 
                 world base {
-                    import wasmem:policy/host@0.3.0;
-                    export wasmem:policy/lifecycle@0.3.0;
+                    import wasmem:policy/host@0.4.0;
+                    export wasmem:policy/lifecycle@0.4.0;
                 }
 
                 world placement-only {
-                    export wasmem:policy/placement@0.3.0;
+                    export wasmem:policy/placement@0.4.0;
                 }
 
                 world reclamation-only {
-                    export wasmem:policy/reclamation@0.3.0;
+                    export wasmem:policy/reclamation@0.4.0;
                 }
 
                 world eviction-only {
-                    export wasmem:policy/eviction@0.3.0;
+                    export wasmem:policy/eviction@0.4.0;
                 }
 
                 world planner-only {
-                    export wasmem:policy/planner@0.3.0;
+                    export wasmem:policy/planner@0.4.0;
                 }
             ",
             path: "wit",
@@ -62,36 +62,36 @@ macro_rules! bind {
 
 /// `types` and `host` (imports) and `lifecycle` (export).
 pub mod base {
-    bind!("wasmem:policy-sdk/base@0.3.0", "export_base", "wasmem_policy_sdk::bindings::base", {
-        "wasmem:policy/types@0.3.0": generate,
-        "wasmem:policy/host@0.3.0": generate,
+    bind!("wasmem:policy-sdk/base@0.4.0", "export_base", "wasmem_policy_sdk::bindings::base", {
+        "wasmem:policy/types@0.4.0": generate,
+        "wasmem:policy/host@0.4.0": generate,
     });
 }
 
 /// The `placement` export.
 pub mod placement {
-    bind!("wasmem:policy-sdk/placement-only@0.3.0", "export_placement", "wasmem_policy_sdk::bindings::placement", {
-        "wasmem:policy/types@0.3.0": crate::bindings::base::wasmem::policy::types,
+    bind!("wasmem:policy-sdk/placement-only@0.4.0", "export_placement", "wasmem_policy_sdk::bindings::placement", {
+        "wasmem:policy/types@0.4.0": crate::bindings::base::wasmem::policy::types,
     });
 }
 
 /// The `reclamation` export.
 pub mod reclamation {
-    bind!("wasmem:policy-sdk/reclamation-only@0.3.0", "export_reclamation", "wasmem_policy_sdk::bindings::reclamation", {
-        "wasmem:policy/types@0.3.0": crate::bindings::base::wasmem::policy::types,
+    bind!("wasmem:policy-sdk/reclamation-only@0.4.0", "export_reclamation", "wasmem_policy_sdk::bindings::reclamation", {
+        "wasmem:policy/types@0.4.0": crate::bindings::base::wasmem::policy::types,
     });
 }
 
 /// The `eviction` export.
 pub mod eviction {
-    bind!("wasmem:policy-sdk/eviction-only@0.3.0", "export_eviction", "wasmem_policy_sdk::bindings::eviction", {
-        "wasmem:policy/types@0.3.0": crate::bindings::base::wasmem::policy::types,
+    bind!("wasmem:policy-sdk/eviction-only@0.4.0", "export_eviction", "wasmem_policy_sdk::bindings::eviction", {
+        "wasmem:policy/types@0.4.0": crate::bindings::base::wasmem::policy::types,
     });
 }
 
-/// The `planner` export (WIT 0.3.0).
+/// The `planner` export (WIT 0.4.0).
 pub mod planner {
-    bind!("wasmem:policy-sdk/planner-only@0.3.0", "export_planner", "wasmem_policy_sdk::bindings::planner", {
-        "wasmem:policy/types@0.3.0": crate::bindings::base::wasmem::policy::types,
+    bind!("wasmem:policy-sdk/planner-only@0.4.0", "export_planner", "wasmem_policy_sdk::bindings::planner", {
+        "wasmem:policy/types@0.4.0": crate::bindings::base::wasmem::policy::types,
     });
 }

@@ -9,7 +9,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use crate::types::{
-    ArenaPlan, EvictionCandidate, PlacementDecision, PlanRequest, PoolSpec, ReclaimDecision, ReclaimPlan,
+    AliasedPlan, ArenaPlan, EvictionCandidate, PlacementDecision, PlanRequest, PoolSpec, ReclaimDecision, ReclaimPlan,
     ReclaimTrigger, StepProfile,
 };
 
@@ -47,6 +47,15 @@ pub fn greedy_plan(profile: &StepProfile) -> ArenaPlan {
     let requests: Vec<wasmem_plan_core::Request> = profile.requests.iter().map(plan_request_core).collect();
     let p = wasmem_plan_core::plan(&requests);
     ArenaPlan { arena_bytes: p.arena_bytes, offsets: p.offsets }
+}
+
+/// The engine's built-in aliased plan of a profile of two like steps
+/// (`wasmem_plan_core::aliased`, the code the engine runs), or `None` when
+/// the profile is not two like steps or no request can be planned.
+pub fn aliased_plan(profile: &StepProfile) -> Option<AliasedPlan> {
+    let requests: Vec<wasmem_plan_core::Request> = profile.requests.iter().map(plan_request_core).collect();
+    let p = wasmem_plan_core::aliased(&requests)?;
+    Some(AliasedPlan { arena_bytes: p.arena_bytes, zone_bytes: p.zone_bytes, offsets: p.offsets })
 }
 
 /// `1 MiB`.

@@ -5,7 +5,7 @@
 //!
 //! A policy is a struct that implements [`Policy`] (name, configuration,
 //! state) and one or more role traits: [`Placement`], [`Reclamation`],
-//! [`Eviction`], [`Planner`] (WIT 0.3.0). Every role method has a default —
+//! [`Eviction`], [`Planner`] (WIT 0.3.0; aliased plans 0.4.0). Every role method has a default —
 //! PyTorch's CUDACachingAllocator decisions for placement and reclamation,
 //! LRU for eviction, the engine's greedy-by-size plan for the planner — so
 //! a policy overrides only what it changes. [`export!`] exports
@@ -95,8 +95,8 @@ pub mod host {
 }
 
 use types::{
-    AllocRequest, ArenaPlan, EvictionCandidate, PlacementDecision, PolicyContext, PoolSpec, ReclaimDecision,
-    ReclaimPlan, ReclaimTrigger, StepProfile,
+    AliasedPlan, AllocRequest, ArenaPlan, EvictionCandidate, PlacementDecision, PolicyContext, PoolSpec,
+    ReclaimDecision, ReclaimPlan, ReclaimTrigger, StepProfile,
 };
 
 /// What every policy provides: its name, configuration and state transfer
@@ -184,7 +184,7 @@ pub trait Eviction: Policy {
     }
 }
 
-/// The planning role (`wasmem:policy/planner`, WIT 0.3.0): at a step's end,
+/// The planning role (`wasmem:policy/planner`, WIT 0.4.0): at a step's end,
 /// the engine hands the step's profile (every request with its size, kind,
 /// stream and lifetime) to the planner, validates the plan it returns (one
 /// offset per request, aligned to [`defaults::PLAN_ALIGN`], inside the
@@ -196,6 +196,16 @@ pub trait Planner: Policy {
     /// ([`defaults::greedy_plan`]).
     fn plan(&mut self, profile: &StepProfile) -> Result<ArenaPlan, String> {
         Ok(defaults::greedy_plan(profile))
+    }
+
+    /// For a profile of two like training steps (asked after [`Planner::plan`]
+    /// when a step's output outlives its next instance): a plan in an
+    /// aliased arena (see [`AliasedPlan`]), used when it holds less than
+    /// the plain one; `None`: the plain plan serves; an error refuses it.
+    /// Default: the engine's built-in aliased plan
+    /// ([`defaults::aliased_plan`]).
+    fn plan_aliased(&mut self, profile: &StepProfile) -> Result<Option<AliasedPlan>, String> {
+        Ok(defaults::aliased_plan(profile))
     }
 }
 
@@ -283,8 +293,8 @@ pub mod __private {
     use crate::bindings::planner::exports::wasmem::policy::planner;
     use crate::bindings::reclamation::exports::wasmem::policy::reclamation;
     use crate::types::{
-        AllocRequest, ArenaPlan, EvictionCandidate, PlacementDecision, PolicyContext, PoolSpec, ReclaimDecision,
-        ReclaimPlan, ReclaimTrigger, StepProfile,
+        AliasedPlan, AllocRequest, ArenaPlan, EvictionCandidate, PlacementDecision, PolicyContext, PoolSpec,
+        ReclaimDecision, ReclaimPlan, ReclaimTrigger, StepProfile,
     };
     use crate::{defaults, Config, Eviction, Placement, Planner, Policy, Reclamation};
     use alloc::string::{String, ToString};
@@ -440,6 +450,10 @@ pub mod __private {
     {
         fn plan(profile: StepProfile) -> Result<ArenaPlan, String> {
             E::with(|p| p.plan(&profile))
+        }
+
+        fn plan_aliased(profile: StepProfile) -> Result<Option<AliasedPlan>, String> {
+            E::with(|p| p.plan_aliased(&profile))
         }
     }
 }

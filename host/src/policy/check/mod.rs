@@ -544,6 +544,7 @@ pub fn check_with(rt: &Runtime, path: &Path, opts: &CheckOptions) -> Verdict {
         let pb = planner::run(&b, &profiles);
         let halfway = planner::Halfway { loaded: &loaded, config: &opts.config, state };
         planner::judge(&mut v, rt, Some(halfway), &pa, &pb, "");
+        planner::judge_aliased(&mut v, &a, &b, &planner::two_step_profiles(opts.profiles(), opts.seed));
     }
     sandbox(&mut v, &[&a, &b]);
     v

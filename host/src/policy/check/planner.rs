@@ -1,4 +1,4 @@
-//! The planner suite of `wasmem policy check` (WIT 0.3.0): plans for
+//! The planner suite of `wasmem policy check` (WIT 0.3.0 on): plans for
 //! fuzzed step profiles (or, with `--trace`, the profiles a replay of the
 //! trace hands its planner), each on two instances.
 //!
@@ -14,6 +14,11 @@
 //!   allowance per request); the check fails when more than
 //!   [`MAX_OVER_DEADLINE`](super::MAX_OVER_DEADLINE) of them would run past it.
 //!
+//! - aliased plans (WIT 0.4.0): on profiles of two like steps whose
+//!   outputs outlive their next instance, every `plan-aliased` answer
+//!   passes the engine's [`validate_aliased`] (in physical memory, pages of
+//!   2 MiB), no call fails, and the two instances answer alike.
+//!
 //! The calls run under the suite's relaxed deadline scaled like the
 //! engine's (see the parent module), so they are measured, not interrupted.
 
@@ -22,7 +27,8 @@ use std::time::{Duration, Instant};
 use super::{human_ns, relaxed_deadline, Outcome, Verdict, A, B, MAX_OVER_DEADLINE};
 use crate::alloc::LatencyHistogram;
 use crate::decision::{
-    cycle_live, validate_plan, Plan, PlanRequest, PlannerPolicy, PolicyContext, PolicyError, StepProfile,
+    cycle_live, validate_aliased, validate_plan, Plan, PlanRequest, PlannerPolicy, PolicyContext, PolicyError,
+    StepProfile,
 };
 use crate::policy::{Loaded, Runtime, WasmPlanner, WasmPolicy};
 use crate::types::{StreamId, TensorKind, GIB, MIB};
@@ -169,6 +175,85 @@ fn training_like(rng: &mut Rng, n: u32) -> Vec<PlanRequest> {
         }
     }
     rs
+}
+
+/// `count` profiles of two like training steps (from [`training_like`]
+/// steps) in which some activations outlive their next instance (freed in
+/// the next step after it is allocated, as the outputs of a loop that keeps
+/// `out = model(x)` until the next forward): the profiles the engine hands
+/// `plan-aliased`.
+pub(crate) fn two_step_profiles(count: usize, seed: u64) -> Vec<(StepProfile, PolicyContext)> {
+    let mut rng = Rng(seed ^ 0x0a11_a5ed);
+    (0..count)
+        .map(|i| {
+            let one = training_like(&mut rng, 6 + 3 * (i as u32 % 40));
+            let n = one.len() as u32;
+            let mut first = one.clone();
+            let mut second = one;
+            for (k, (a, b)) in first.iter_mut().zip(second.iter_mut()).enumerate() {
+                let k = k as u32;
+                match (a.freed_at, a.wraps_to) {
+                    (Some(f), _) if a.kind == TensorKind::Activation && rng.below(3) == 0 => {
+                        // Kept: freed in the next step after its own next instance.
+                        let j = (k + 1 + rng.below(u64::from(n - k)) as u32).min(n).max(f.min(n));
+                        (a.freed_at, b.freed_at, b.wraps_to) = (Some(n + j), None, Some(j));
+                    }
+                    (Some(f), _) => b.freed_at = Some(n + f),
+                    (None, Some(w)) => (a.freed_at, a.wraps_to) = (Some(n + w), None),
+                    (None, None) => {}
+                }
+            }
+            first.extend(second);
+            (StepProfile { step: i as u64, requests: first }, fuzz_context(i as u64))
+        })
+        .collect()
+}
+
+/// One `plan-aliased` answer (`Ok(None)`: no aliased plan).
+type AliasedAnswer = Result<Option<crate::decision::AliasedPlan>, PolicyError>;
+
+/// The aliased plans of instances `a` and `b` for `profiles` (0.4.0
+/// planners), judged: validity in physical memory and determinism.
+pub(crate) fn judge_aliased(
+    v: &mut Verdict,
+    a: &WasmPolicy,
+    b: &WasmPolicy,
+    profiles: &[(StepProfile, PolicyContext)],
+) {
+    let item = "planner: valid aliased plans";
+    if !a.wit_version().has_aliased_plans() {
+        v.push(item, Outcome::Skip, format!("a planner of WIT {} makes none", a.wit_version()));
+        return;
+    }
+    let answers = |p: &WasmPolicy| -> Vec<AliasedAnswer> {
+        let Some(mut planner) = p.planner() else { return Vec::new() };
+        profiles.iter().map(|(profile, ctx)| planner.plan_aliased(profile, ctx)).collect()
+    };
+    let (aa, ab) = (answers(a), answers(b));
+    let mut bad = Vec::new();
+    let mut planned = 0;
+    for (i, ((profile, ctx), answer)) in profiles.iter().zip(&aa).enumerate() {
+        let what = format!("aliased call {i} ({} requests)", profile.requests.len());
+        match answer {
+            Err(e) => bad.push(format!("{what}: {e}")),
+            Ok(None) => {}
+            Ok(Some(plan)) => match validate_aliased(profile, plan, 2 * MIB, ctx.capacity_bytes) {
+                Err(e) => bad.push(format!("{what}: {e}")),
+                Ok(()) => planned += 1,
+            },
+        }
+    }
+    match bad.first() {
+        None => v.push(item, Outcome::Pass, format!("{planned} of {} two-step profiles planned aliased", aa.len())),
+        Some(first) => {
+            v.push(item, Outcome::Fail, format!("{} of {} calls failed; first: {first}", bad.len(), aa.len()))
+        }
+    }
+    let item = "planner: aliased determinism";
+    match aa.iter().zip(&ab).position(|(x, y)| x != y) {
+        None => v.push(item, Outcome::Pass, format!("instances {A} and {B} answer all {} profiles alike", aa.len())),
+        Some(i) => v.push(item, Outcome::Fail, format!("aliased call {i}: instances {A} and {B} answer differently")),
+    }
 }
 
 /// Plans every profile on `p` (the planner of an instance), timing each.
@@ -413,5 +498,22 @@ mod tests {
             validate_plan(p, &plan, ctx.capacity_bytes).unwrap();
         }
         assert!(wraps > 0);
+    }
+
+    #[test]
+    fn two_step_profiles_get_the_built_in_s_aliased_plans() {
+        let mut aliased = 0;
+        for (p, ctx) in two_step_profiles(30, 9) {
+            let n = p.requests.len();
+            for (k, r) in p.requests.iter().enumerate() {
+                assert!(r.freed_at.is_none_or(|f| f as usize <= n), "request {k}: {r:?}");
+            }
+            validate_plan(&p, &GreedyPlanner::plan_profile(&p), ctx.capacity_bytes).unwrap();
+            if let Some(plan) = GreedyPlanner.plan_aliased(&p, &ctx).unwrap() {
+                validate_aliased(&p, &plan, 2 * MIB, ctx.capacity_bytes).unwrap();
+                aliased += 1;
+            }
+        }
+        assert!(aliased >= 20, "{aliased} of 30 profiles planned aliased");
     }
 }

@@ -1,10 +1,12 @@
 //! The engine's built-in planner (`planned`, `host/src/builtin/planner.rs`)
-//! as a planner component (WIT `wasmem:policy@0.3.0`, world `planner-policy`).
+//! as a planner component (WIT `wasmem:policy@0.4.0`, world `planner-policy`).
 //!
 //! Plan for plan the same as the built-in: both run `wasmem_plan_core::plan`
 //! (the cheapest of a time-order best-fit plan and greedy-by-size plans
-//! over lifetime intervals), here through the SDK's default planner
-//! ([`defaults::greedy_plan`]). No configuration, no state. Combine it with
+//! over lifetime intervals) and, for two steps whose output outlives its
+//! next instance, `wasmem_plan_core::aliased`, here through the SDK's
+//! default planner ([`defaults::greedy_plan`], [`defaults::aliased_plan`]).
+//! No configuration, no state. Combine it with
 //! a dynamic path for what the plan does not cover:
 //! `greedy-planner+defrag` decides as the built-in `planned`.
 

@@ -1,4 +1,4 @@
-//! A planner (WIT 0.3.0, world `planner-policy`) that misbehaves in the way
+//! A planner (WIT 0.4.0, world `planner-policy`) that misbehaves in the way
 //! its configuration asks for (`mode=NAME`); with `mode=ok` it is the
 //! engine's greedy planner. A crate of its own (not a mode of `hostile`):
 //! a component that also exported the planner would turn planned placement
@@ -17,6 +17,19 @@
 //! | `trap` | panics (a trap, its message logged) |
 //! | `deadline` | loops forever |
 //! | `grow` | allocates until the memory cap |
+//!
+//! The `alias-*` modes plan plainly as the engine does and misbehave in
+//! `plan-aliased` alone (for profiles of two steps whose output outlives its
+//! next instance; any other mode answers it as the engine):
+//!
+//! | mode | aliased plan |
+//! |---|---|
+//! | `alias-overlap` | every request at offset 0 of its window |
+//! | `alias-zone` | end zones larger than half the arena |
+//! | `alias-pages` | an arena that is not whole 2 MiB pages |
+//! | `alias-outside` | offsets past the end of the window |
+//! | `alias-refuse` | `Err` with a message |
+//! | `alias-trap` | panics (a trap, its message logged) |
 
 #![cfg_attr(all(target_arch = "wasm32", not(test)), no_std)]
 
@@ -36,7 +49,7 @@ impl Policy for HostilePlanner {
 
     fn configure(&mut self, config: &Config) -> Result<(), String> {
         self.mode = config.get_or("mode", String::from("ok"))?;
-        const MODES: [&str; 11] = [
+        const MODES: [&str; 17] = [
             "ok",
             "overlap",
             "outside",
@@ -48,6 +61,12 @@ impl Policy for HostilePlanner {
             "trap",
             "deadline",
             "grow",
+            "alias-overlap",
+            "alias-zone",
+            "alias-pages",
+            "alias-outside",
+            "alias-refuse",
+            "alias-trap",
         ];
         if MODES.contains(&self.mode.as_str()) {
             Ok(())
@@ -103,6 +122,25 @@ impl Planner for HostilePlanner {
             },
             _ => good,
         })
+    }
+
+    fn plan_aliased(&mut self, profile: &StepProfile) -> Result<Option<AliasedPlan>, String> {
+        let n = profile.requests.len();
+        let Some(good) = defaults::aliased_plan(profile) else { return Ok(None) };
+        let page = 2 << 20;
+        let all = |off: u64| -> Vec<Option<u64>> {
+            let known = |(k, r)| defaults::plannable(r, k as u32).then_some(off);
+            profile.requests.iter().enumerate().map(known).collect()
+        };
+        Ok(Some(match self.mode.as_str() {
+            "alias-overlap" => AliasedPlan { offsets: all(0), ..good },
+            "alias-zone" => AliasedPlan { zone_bytes: good.arena_bytes / page * page + page, ..good },
+            "alias-pages" => AliasedPlan { arena_bytes: good.arena_bytes + 512, ..good },
+            "alias-outside" => AliasedPlan { offsets: all(good.arena_bytes), ..good },
+            "alias-refuse" => return Err(format!("hostile planner refuses an aliased plan of {n} requests")),
+            "alias-trap" => panic!("hostile planner traps on an aliased plan of {n} requests"),
+            _ => good,
+        }))
     }
 }
 
