@@ -101,7 +101,7 @@ pub struct Part {
     pub reclamation: Option<Box<dyn ReclamationPolicy>>,
     /// Its eviction role, if it has one.
     pub eviction: Option<Box<dyn EvictionPolicy>>,
-    /// Its planner, if it has one (`wasmem:policy@0.3.0`).
+    /// Its planner, if it has one (`wasmem:policy@0.3.0` on).
     pub planner: Option<Box<dyn PlannerPolicy>>,
 }
 

@@ -10,7 +10,7 @@
 //!     ├─ WasmPlacement   : PlacementPolicy   (memoizable)
 //!     ├─ WasmReclamation : ReclamationPolicy
 //!     ├─ WasmEviction    : EvictionPolicy
-//!     └─ WasmPlanner     : PlannerPolicy      (WIT 0.3.0)
+//!     └─ WasmPlanner     : PlannerPolicy      (WIT 0.3.0; aliased plans 0.4.0)
 //!  WasmPolicy : PolicyState (save-state / load-state, carried by alloc::swap)
 //!  check(path) → Verdict: exports, version, fuzzed conformance suite
 //!  Runtime : spec::PartLoader — resolve("pytorch-like+lru-evict") → Resolved
@@ -18,8 +18,8 @@
 //!
 //! One file per job: [`config`] (runtime, limits), `ticker` (epoch thread),
 //! `cache` + `artifact` (precompiled artifacts; the only `unsafe`),
-//! `bindings` (one module per WIT version: 0.1.0 and 0.2.0 from their frozen
-//! copies in `wit/compat/`, 0.3.0 from `wit/`), `guests` (the exports of any version behind one
+//! `bindings` (one module per WIT version: 0.1.0, 0.2.0 and 0.3.0 from their frozen
+//! copies in `wit/compat/`, 0.4.0 from `wit/`), `guests` (the exports of any version behind one
 //! set of native calls), `loader` (exports, version, `InstancePre`), `instance` (store, calls,
 //! re-instantiation), `sandbox` (memory cap, WASI, failure classification),
 //! `host` (imports), [`adapters`] (the traits), [`check`],

@@ -77,7 +77,7 @@ pub fn hostile() -> Option<PathBuf> {
     Some(dir.join("hostile.wasm"))
 }
 
-/// The hostile planner of `tests/hostile` (WIT 0.3.0), built on first use.
+/// The hostile planner of `tests/hostile` (WIT 0.4.0), built on first use.
 pub fn hostile_planner() -> Option<PathBuf> {
     let dir = hostile()?;
     Some(dir.with_file_name("hostile_planner.wasm"))

@@ -239,7 +239,7 @@ pub enum PolicyCommand {
         /// Language: rust, python or js.
         #[arg(long, value_parser = parse_lang)]
         lang: wasmem::policy::scaffold::Lang,
-        /// Role: placement, reclamation, eviction or planner (WIT 0.3.0).
+        /// Role: placement, reclamation, eviction or planner (WIT 0.4.0).
         #[arg(long, value_parser = parse_project_role)]
         role: wasmem::policy::scaffold::ProjectRole,
         /// The policy's name (lowercase letters, digits, `-`).
