@@ -1042,21 +1042,30 @@ proptest! {
         stable in any::<bool>(),
         devs in prop::collection::vec(prop::collection::vec(dev_strategy(3 * 6 + 3), 0..4), 8..13),
     ) {
-        let template = kept_output_step(layers, act, logits);
-        // Every other step (after the first) is the template, so that the
-        // aliased plan is learned and used; the others deviate.
-        let steps: Vec<Vec<Req>> = devs.iter().enumerate()
-            .map(|(i, d)| if i % 2 == 0 && i > 0 { template.clone() } else { ops(&template, d) })
-            .collect();
-        let (need, cap) = headroom(&steps);
-        let mut r = Run::new("planned", cap);
-        r.a.set_stable_addresses(stable);
-        for s in &steps {
-            r.step(s);
-        }
+        let (r, need, cap) = kept_output_run(&kept_output_step(layers, act, logits), &devs, stable);
         prop_assert_eq!(r.ooms, 0, "OOM at {} bytes where defrag needs {}: {:?}", cap, need, r.a.stats());
         r.finish();
     }
+}
+
+/// A planned run of `devs.len()` steps of a kept-output loop: every other
+/// step after the first is `template` (so that its plan of two steps is
+/// learned and used), the others deviate by `devs[i]`, on a device with
+/// [`headroom`] over `defrag`'s need. Returns the run, the need and the
+/// capacity.
+fn kept_output_run(template: &[Req], devs: &[Vec<Dev>], stable: bool) -> (Run, u64, u64) {
+    let steps: Vec<Vec<Req>> = devs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| if i % 2 == 0 && i > 0 { template.to_vec() } else { ops(template, d) })
+        .collect();
+    let (need, cap) = headroom(&steps);
+    let mut r = Run::new("planned", cap);
+    r.a.set_stable_addresses(stable);
+    for s in &steps {
+        r.step(s);
+    }
+    (r, need, cap)
 }
 
 /// Minimal cases the property test below once found: a step that
@@ -1093,23 +1102,10 @@ fn kept_output_loops_with_deviations_in_every_other_step_add_no_oom() {
     ];
     for (layers, act, logits, devs, n) in cases {
         let template = kept_output_step(layers, act, logits);
+        let devs: Vec<Vec<Dev>> =
+            (0..n).map(|i| devs.iter().find(|(at, _)| *at == i).map(|(_, d)| d.clone()).unwrap_or_default()).collect();
         for stable in [false, true] {
-            let steps: Vec<Vec<Req>> = (0..n)
-                .map(|i| {
-                    let d = devs.iter().find(|(at, _)| *at == i).map(|(_, d)| d.as_slice()).unwrap_or(&[]);
-                    if i % 2 == 0 && i > 0 {
-                        template.clone()
-                    } else {
-                        ops(&template, d)
-                    }
-                })
-                .collect();
-            let (need, cap) = headroom(&steps);
-            let mut r = Run::new("planned", cap);
-            r.a.set_stable_addresses(stable);
-            for s in &steps {
-                r.step(s);
-            }
+            let (r, need, cap) = kept_output_run(&template, &devs, stable);
             assert_eq!(
                 r.ooms,
                 0,
