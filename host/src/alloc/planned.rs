@@ -24,7 +24,12 @@
 //! pointers), where they stay and their ranges are misses this step. When
 //! the dynamic path runs out of memory, any free range of an arena that
 //! holds the request serves it ([`Allocator::arena_fallback`]); under
-//! pressure, idle arenas are the sixth rung of the reclamation ladder.
+//! pressure, idle arenas are the sixth rung of the reclamation ladder. A
+//! request that missed its plan, where growing would raise the peak,
+//! borrows the arena's free space first ([`Allocator::lend_idle_arena`]):
+//! where the plan allocates least while its tensor is expected to live (as
+//! planned, for a request the plan has), never a planned request larger
+//! than the growth it saves ([`Allocator::displaced`]).
 //! Traces without step markers (most PyTorch snapshots) are never profiled:
 //! they stay on the dynamic path, with `defrag`'s results.
 //!
@@ -71,6 +76,10 @@ pub const LOOKAHEAD: usize = 8;
 /// other window is taken cannot serve).
 const ALIAS_TRIES: usize = 64;
 
+/// Plan entries looked ahead when a request that missed its plan borrows
+/// an arena's free space (see [`Allocator::displaced`]).
+const LEND_HORIZON: u32 = 4096;
+
 /// Name of the pool of planned arenas.
 pub const PLANNED_POOL: &str = "planned";
 
@@ -86,6 +95,9 @@ fn key(r: &PlanRequest) -> Key {
 struct StoredPlan {
     keys: Vec<Key>,
     offsets: Vec<Option<u64>>,
+    /// When each request was freed, in the plan's time (past its length:
+    /// in the next cycle; twice its length: never seen freed).
+    frees: Vec<u32>,
     arena_bytes: u64,
     /// Requests of the profile whose lifetime was known (for replanning).
     known: usize,
@@ -134,9 +146,14 @@ impl StoredPlan {
             offsets[k as usize] = Some(at | KEPT);
             at += reqs[k as usize].planned_bytes();
         }
+        let n = reqs.len() as u32;
         StoredPlan {
             keys: reqs.iter().map(key).collect(),
             offsets,
+            frees: reqs
+                .iter()
+                .map(|r| r.freed_at.unwrap_or_else(|| n.saturating_add(r.wraps_to.unwrap_or(n))))
+                .collect(),
             kept_bytes: at,
             used: false,
             arena_bytes: arena.max(plan.arena_bytes).div_ceil(PLAN_ALIGN) * PLAN_ALIGN,
@@ -387,6 +404,10 @@ pub(crate) struct Planning {
     matched: Vec<(TensorId, u32)>,
     /// The plan entry the request being served matched.
     last_match: Option<u32>,
+    /// The request being served missed its plan: when it comes (this
+    /// step's requests so far) and the plan's time in which its tensor is
+    /// expected to live (see [`Allocator::displaced`]).
+    borrow: Option<(u32, u32, u32)>,
     /// Dynamic cache to give back after the first step served by a new arena.
     trim_pending: bool,
     /// The smallest arena the device refused: larger plans are not installed.
@@ -463,6 +484,7 @@ impl Planning {
             installing: false,
             matched: Vec::new(),
             last_match: None,
+            borrow: None,
             trim_pending: false,
             refused_arena: u64::MAX,
             step_hits: 0,
@@ -835,6 +857,15 @@ impl<D: Device> Allocator<D> {
                 p.step_deviations += 1;
                 p.deviation_run += 1;
             }
+            // If it borrows the arena's free space: the plan's time in which
+            // it is expected to live (a request the plan has: as planned;
+            // another: a whole cycle).
+            let n = p.plans[i].keys.len() as u32;
+            let (from, until) = match planned {
+                Some((j, _)) => (j as u32 + 1, p.plans[i].frees[j]),
+                None => (p.cursor as u32, (p.cursor as u32).saturating_add(n)),
+            };
+            p.borrow = Some((p.current.len() as u32, from, until.min(from.saturating_add(n))));
             // A cached first-step plan is chosen on the first request alone
             // and installed at once: a run that turns out to be another
             // training leaves it, and its arena, as soon as that is plain.
@@ -916,13 +947,17 @@ impl<D: Device> Allocator<D> {
     pub(super) fn arena_fallback(&mut self, req: &AllocRequest) -> Option<(u32, u32)> {
         let size = req.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
         let arenas = self.planning.as_ref()?.arenas.len();
-        let mut fits: Vec<(u64, usize, u64)> =
-            (0..arenas).flat_map(|a| self.free_fits(a, size).into_iter().map(move |(b, off)| (b, a, off))).collect();
-        // Best fit.
+        // Best fit among the ranges that displace least (as when lending).
+        let mut fits: Vec<(u64, u64, usize, u64)> = Vec::new();
+        for a in 0..arenas {
+            let free = self.free_fits(a, size);
+            let displaced = self.displaced(a, size, &free).unwrap_or_else(|| vec![0; free.len()]);
+            fits.extend(displaced.into_iter().zip(free).map(|(d, (b, off))| (d, b, a, off)));
+        }
         fits.sort_unstable();
         fits.dedup();
         let served =
-            fits.into_iter().take(ALIAS_TRIES).find_map(|(_, a, off)| self.take_range(a, off, size, req.stream))?;
+            fits.into_iter().take(ALIAS_TRIES).find_map(|(_, _, a, off)| self.take_range(a, off, size, req.stream))?;
         // The dynamic path counted an OOM when it gave up: this is none.
         self.stats.ooms = self.stats.ooms.saturating_sub(1);
         Some(served)
@@ -1757,10 +1792,60 @@ impl<D: Device> Allocator<D> {
             }
         }
         let size = req.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
-        let mut fits = self.free_fits(last, size);
-        // Best fit.
-        fits.sort_unstable();
-        fits.into_iter().take(ALIAS_TRIES).find_map(|(_, off)| self.take_range(last, off, size, req.stream))
+        let fits = self.free_fits(last, size);
+        let displaced = self.displaced(last, size, &fits).unwrap_or_else(|| vec![0; fits.len()]);
+        // Best fit among the ranges that displace least, and never a
+        // planned request larger than the growth: growing costs less.
+        let most = grow.max(size);
+        let mut ranked: Vec<_> = displaced.into_iter().zip(fits).filter(|&(d, _)| d <= most).collect();
+        ranked.sort_unstable();
+        ranked.into_iter().take(ALIAS_TRIES).find_map(|(_, (_, off))| self.take_range(last, off, size, req.stream))
+    }
+
+    /// What taking each of `fits` ((free block bytes, offset) in arena
+    /// `a`) for `size` bytes would displace, for the request being served,
+    /// which missed its plan: the largest request the active plan allocates
+    /// over that range while the borrowed tensor is expected to live (in
+    /// the next [`LEND_HORIZON`] entries; 0: none). That request would miss
+    /// in turn and need as much beside the arena: a large tensor displaced
+    /// so at the step's peak costs what the plan saved. `None` when no plan
+    /// serves `a` or the request did not miss. Work: O(E log C + overlaps)
+    /// for E entries scanned and C candidates.
+    #[cold]
+    fn displaced(&self, a: usize, size: u64, fits: &[(u64, u64)]) -> Option<Vec<u64>> {
+        let p = self.planning.as_ref()?;
+        let (_, from, until) = p.borrow.filter(|&(at, ..)| at == p.current.len() as u32)?;
+        p.arenas.len().checked_sub(1).filter(|&l| l == a && Some(p.arenas[l].seg) != p.kept_seg)?;
+        let (plan, arena) = (&p.plans[p.active?], &p.arenas[a]);
+        let (n, zone) = (plan.keys.len() as u32, arena.zone);
+        if n == 0 || fits.is_empty() {
+            return None;
+        }
+        // The physical pieces of every candidate, by start.
+        let mut parts: Vec<(u64, u64, usize)> = fits
+            .iter()
+            .enumerate()
+            .flat_map(|(c, &(_, off))| physical(off, off + size, arena.size, zone).map(|(lo, hi)| (lo, hi, c)))
+            .filter(|&(lo, hi, _)| lo < hi)
+            .collect();
+        parts.sort_unstable();
+        let mut displaced = vec![0u64; fits.len()];
+        for t in from..until.min(from.saturating_add(LEND_HORIZON)) {
+            let e = (t % n) as usize;
+            let Some(o) = plan.offsets[e].filter(|o| o & KEPT == 0) else { continue };
+            let bytes = plan.keys[e].0.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
+            for (lo, hi) in physical(o, o + bytes, arena.size, zone).into_iter().filter(|&(lo, hi)| lo < hi) {
+                // Pieces are at most `size` long: those meeting [lo, hi) start in (lo - size, hi).
+                let mut k = parts.partition_point(|q| q.0 + size <= lo);
+                while let Some(&(_, phi, c)) = parts.get(k).filter(|q| q.0 < hi) {
+                    if phi > lo {
+                        displaced[c] = displaced[c].max(bytes);
+                    }
+                    k += 1;
+                }
+            }
+        }
+        Some(displaced)
     }
 
     /// Where a block of `size` bytes (a multiple of [`PLAN_ALIGN`]) could go
@@ -2014,6 +2099,23 @@ fn alias_fit(blocks: &super::slab::Slab<Block>, arena: &Arena, lo: u64, hi: u64,
         p = after(back + base + 1);
     }
     None
+}
+
+/// The physical memory of `[o, e)` of an arena segment of `size` bytes
+/// (as its first window sees it): the range itself in a plain arena
+/// (`zone` 0) or in the first window; in the second, its pieces with the
+/// end zones swapped. Empty pieces are `(0, 0)`.
+#[inline]
+fn physical(o: u64, e: u64, size: u64, zone: u64) -> [(u64, u64); 3] {
+    let half = size / 2;
+    if zone == 0 || e <= half {
+        [(o, e), (0, 0), (0, 0)]
+    } else if o >= half {
+        swapped(o - half, e - half, half, zone)
+    } else {
+        // Across the windows: never served, so it meets everything.
+        [(0, half), (0, 0), (0, 0)]
+    }
 }
 
 /// The pieces of `[o, e)` of an arena of `half` bytes with its end zones of
