@@ -159,13 +159,15 @@ pub fn plan(handle: i64, options: &str) -> Result<Value, Failure> {
         ..crate::config::Config::from_env().map_err(|e| bad(e.to_string()))?
     };
     let path = config.plan_cache_path(ordinal).expect("a template is set");
+    // Pages of the simulated device that plans ahead (CUDA's too).
+    let granularity = wasmem::device::sim::SimConfig::default().granularity;
     let planner = wasmem::session::has_planner(policy, &wasmem::policy::GlobalRuntime)
         .map_err(|e| Failure::new(Cause::Policy, e.to_string()))?;
     if !planner {
         return Err(bad(format!("policy `{policy}` has no planner (e.g. `planned`)")));
     }
     // A stale or invalid cache is replaced; a file that is no plan cache is not.
-    if let Err(e) = wasmem::alloc::check_plan_cache(&path, capacity) {
+    if let Err(e) = wasmem::alloc::check_plan_cache(&path, capacity, granularity) {
         if e.foreign {
             return Err(bad(format!("{e}; it is not overwritten")));
         }
@@ -209,7 +211,7 @@ pub fn plan(handle: i64, options: &str) -> Result<Value, Failure> {
         let _ = std::fs::remove_file(&tmp);
         bad(format!("{}: {e}", path.display()))
     })?;
-    let cached = wasmem::alloc::check_plan_cache(&path, capacity)
+    let cached = wasmem::alloc::check_plan_cache(&path, capacity, granularity)
         .map_err(|e| bad(e.to_string()))?
         .ok_or_else(|| bad(format!("{} vanished", path.display())))?;
     let figures = json!({

@@ -19,6 +19,12 @@
 //! its device calls are theirs and its misses', not those of learning on
 //! the dynamic path.
 //!
+//! Plans of two steps in an aliased arena (kept-output loops: one physical
+//! arena mapped at two windows, see [`super::planned`]) are cached with
+//! their zone bytes; the first-step plan then lies in the second window of
+//! the arena of one of them, as the step before a pair would, so that the
+//! next run serves its first pair in the arena its first step used.
+//!
 //! The file is JSON with one request per line (`[bytes, kind, stream,
 //! freed_at, wraps_to, offset]`), so that an error names a line. A file that
 //! does not parse, is of another format or version, or holds a plan that
@@ -31,7 +37,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::decision::{validate_plan, Plan, PlanRequest, StepProfile, PLAN_ALIGN};
+use crate::decision::{validate_aliased, validate_plan, AliasedPlan, Plan, PlanRequest, StepProfile, PLAN_ALIGN};
 use crate::types::{StreamId, TensorKind};
 
 /// The `format` field of a cache file.
@@ -74,6 +80,13 @@ struct PlanFile {
     /// start of the arena in this order.
     #[serde(default)]
     persistent: Vec<u32>,
+    /// An aliased plan: the bytes of each end zone (0 or absent: a plain
+    /// plan). `arena_bytes` is then its physical memory, and a steady
+    /// plan's offsets are of each step's own window (see
+    /// [`crate::decision::AliasedPlan`]); a first-step plan's are of the
+    /// second window.
+    #[serde(default)]
+    zone: u64,
     requests: Vec<Row>,
 }
 
@@ -87,9 +100,22 @@ pub(crate) struct CachedPlan {
     pub plan: Plan,
     /// For the first-step plan: requests packed at `[0, P)`, in this order.
     pub persistent: Vec<u32>,
+    /// An aliased plan (two steps, or a first step in the second window of
+    /// such a plan's arena): the bytes of each end zone; `plan.arena_bytes`
+    /// is then the physical memory. 0: a plain plan.
+    pub zone: u64,
 }
 
 impl CachedPlan {
+    /// The aliased plan of a cached plan of two steps (`zone > 0`).
+    pub fn aliased(&self) -> Option<AliasedPlan> {
+        (self.zone > 0).then(|| AliasedPlan {
+            arena_bytes: self.plan.arena_bytes,
+            zone_bytes: self.zone,
+            offsets: self.plan.offsets.clone(),
+        })
+    }
+
     /// Bytes the persistent requests take when packed.
     pub fn persistent_bytes(&self) -> u64 {
         self.persistent.iter().map(|&k| self.profile.requests[k as usize].planned_bytes()).sum()
@@ -123,11 +149,11 @@ pub struct CacheSummary {
 }
 
 /// Reads and validates the plan cache at `path` as a run on a device of
-/// `capacity` bytes would: what it holds, `Ok(None)` when there is no such
-/// file, or why it would be refused ([`CacheError::foreign`]: not a plan
-/// cache at all, never overwritten).
-pub fn check_plan_cache(path: &Path, capacity: u64) -> Result<Option<CacheSummary>, CacheError> {
-    Ok(CacheContent::read(path, capacity)?.map(|c| CacheSummary {
+/// `capacity` bytes and pages of `granularity` bytes would: what it holds,
+/// `Ok(None)` when there is no such file, or why it would be refused
+/// ([`CacheError::foreign`]: not a plan cache at all, never overwritten).
+pub fn check_plan_cache(path: &Path, capacity: u64, granularity: u64) -> Result<Option<CacheSummary>, CacheError> {
+    Ok(CacheContent::read(path, capacity, granularity)?.map(|c| CacheSummary {
         first_step: c.first.is_some(),
         steady: c.plans.len(),
         period: c.period.max(1),
@@ -148,9 +174,10 @@ pub struct CacheError {
 }
 
 impl CacheContent {
-    /// Reads and validates `path` for a device of `capacity` bytes;
+    /// Reads and validates `path` for a device of `capacity` bytes and
+    /// pages of `granularity` bytes (aliased arenas are whole pages);
     /// `Ok(None)` when there is no such file.
-    pub fn read(path: &Path, capacity: u64) -> Result<Option<Self>, CacheError> {
+    pub fn read(path: &Path, capacity: u64, granularity: u64) -> Result<Option<Self>, CacheError> {
         let err = |what: String| CacheError { path: path.to_path_buf(), what, foreign: false };
         let foreign = |what: String| CacheError { path: path.to_path_buf(), what, foreign: true };
         let bytes = match std::fs::read(path) {
@@ -185,8 +212,23 @@ impl CacheContent {
                 profile: StepProfile { step: 0, requests },
                 plan: Plan { arena_bytes: f.arena_bytes, offsets },
                 persistent: f.persistent,
+                zone: f.zone,
             };
-            validate_plan(&c.profile, &c.plan, capacity).map_err(|e| at(e.0))?;
+            match c.aliased().filter(|_| !f.first) {
+                Some(a) => validate_aliased(&c.profile, &a, granularity, capacity).map_err(|e| at(e.0))?,
+                None => validate_plan(&c.profile, &c.plan, capacity).map_err(|e| at(e.0))?,
+            }
+            let g = granularity.max(1);
+            if f.first
+                && c.zone > 0
+                && (!c.zone.is_multiple_of(g) || !f.arena_bytes.is_multiple_of(g) || c.zone * 2 > f.arena_bytes)
+            {
+                return Err(at(format!(
+                    "an aliased arena of {} bytes with zones of {} is not whole pages of {g} with zones at most half \
+                     of it",
+                    f.arena_bytes, c.zone
+                )));
+            }
             if c.plan.planned() == 0 && c.persistent.is_empty() {
                 return Err(at("plans nothing".into()));
             }
@@ -215,16 +257,19 @@ impl CacheContent {
             }
         }
         let kept = out.first.as_ref().map_or(0, CachedPlan::persistent_bytes);
-        let arena = out.arena_bytes();
+        let aliased = out.first.iter().chain(&out.plans).filter(|c| c.zone > 0).map(|c| c.plan.arena_bytes);
+        let arena = out.arena_bytes().max(aliased.max().unwrap_or(0));
         if arena.saturating_add(kept) > capacity {
             return Err(err(format!("its arenas of {arena} + {kept} bytes exceed the device's {capacity}")));
         }
         Ok(Some(out))
     }
 
-    /// The bytes of the one arena that serves every plan: the largest.
+    /// The bytes of the one arena that serves every plain plan: the
+    /// largest (an aliased plan has an arena of its own).
     pub fn arena_bytes(&self) -> u64 {
-        let top = self.first.iter().chain(&self.plans).map(|c| c.plan.arena_bytes).max().unwrap_or(0);
+        let plain = self.first.iter().chain(&self.plans).filter(|c| c.zone == 0);
+        let top = plain.map(|c| c.plan.arena_bytes).max().unwrap_or(0);
         top.div_ceil(PLAN_ALIGN) * PLAN_ALIGN
     }
 
@@ -245,9 +290,10 @@ impl CacheContent {
                 out.push(b',');
             }
             let persistent = serde_json::to_string(&c.persistent).map_err(std::io::Error::other)?;
+            let zone = if c.zone > 0 { format!("\"zone\":{},", c.zone) } else { String::new() };
             write!(
                 out,
-                "\n{{\"first\":{first},\"arena_bytes\":{},\"persistent\":{persistent},\"requests\":[",
+                "\n{{\"first\":{first},\"arena_bytes\":{},\"persistent\":{persistent},{zone}\"requests\":[",
                 c.plan.arena_bytes
             )?;
             for (k, (r, off)) in c.profile.requests.iter().zip(&c.plan.offsets).enumerate() {
@@ -281,11 +327,13 @@ mod tests {
             profile: StepProfile { step: 0, requests: vec![req(1000, None), req(512, Some(2)), req(512, Some(3))] },
             plan: Plan { arena_bytes: 512, offsets: vec![None, Some(0), Some(0)] },
             persistent: vec![0],
+            zone: 0,
         };
         let steady = CachedPlan {
             profile: StepProfile { step: 0, requests: vec![req(512, Some(1)), req(2048, Some(2))] },
             plan: Plan { arena_bytes: 2048, offsets: vec![Some(0), Some(0)] },
             persistent: vec![],
+            zone: 0,
         };
         CacheContent { high_water: 1 << 30, period: 2, first: Some(first), plans: vec![steady] }
     }
@@ -294,15 +342,70 @@ mod tests {
     fn a_written_cache_reads_back_the_same() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("plans.json");
-        assert!(CacheContent::read(&path, 1 << 40).unwrap().is_none(), "no file is no cache");
+        assert!(CacheContent::read(&path, 1 << 40, 1 << 21).unwrap().is_none(), "no file is no cache");
         let c = sample();
         c.write(&path).unwrap();
-        let back = CacheContent::read(&path, 1 << 40).unwrap().unwrap();
+        let back = CacheContent::read(&path, 1 << 40, 1 << 21).unwrap().unwrap();
         assert_eq!(back, c);
         // The largest plan (the persistent request has its own arena).
         assert_eq!(back.arena_bytes(), 2048);
         // One request per line.
         assert!(std::fs::read_to_string(&path).unwrap().lines().count() >= 6);
+    }
+
+    /// A loop's first step and an aliased plan of two steps (2 MiB zones of
+    /// a 6 MiB arena): each step's temporary at 0 of its own window, the
+    /// first one live until the second step's end.
+    fn aliased_sample() -> CacheContent {
+        let mib = 1 << 20;
+        let first = CachedPlan {
+            profile: StepProfile { step: 0, requests: vec![req(1000, None), req(mib, Some(2))] },
+            plan: Plan { arena_bytes: 6 * mib, offsets: vec![None, Some(0)] },
+            persistent: vec![0],
+            zone: 2 * mib,
+        };
+        let pair = CachedPlan {
+            profile: StepProfile { step: 0, requests: vec![req(2 * mib, Some(2)), req(2 * mib, Some(2))] },
+            plan: Plan { arena_bytes: 6 * mib, offsets: vec![Some(0), Some(0)] },
+            persistent: vec![],
+            zone: 2 * mib,
+        };
+        CacheContent { high_water: 1 << 30, period: 2, first: Some(first), plans: vec![pair] }
+    }
+
+    #[test]
+    fn aliased_plans_read_back_and_are_checked_as_such() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plans.json");
+        let c = aliased_sample();
+        c.write(&path).unwrap();
+        let good = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(good.matches("\"zone\":2097152").count(), 2, "{good}");
+        assert_eq!(CacheContent::read(&path, 1 << 40, 1 << 21).unwrap().unwrap(), c);
+        // Aliased arenas have an arena of their own: none is shared.
+        assert_eq!(c.arena_bytes(), 0);
+        let check = |text: &str, granularity: u64, want: &str| {
+            std::fs::write(&path, text).unwrap();
+            let e = CacheContent::read(&path, 1 << 40, granularity).unwrap_err().to_string();
+            assert!(e.contains("plans.json") && e.contains(want), "{e}");
+        };
+        // Pages of another size: neither the pair nor the first step fits them.
+        check(&good, 4 << 20, "plans[0]: an aliased arena");
+        let pair_only = good.replacen("\"zone\":2097152", "\"zone\":0", 1);
+        check(&pair_only, 4 << 20, "plans[1]: an aliased arena");
+        // Zones larger than half the arena.
+        check(&good.replace("\"zone\":2097152", "\"zone\":4194304"), 1 << 21, "plans[0]");
+        // Read as a plain plan, the pair's two temporaries would share bytes;
+        // as an aliased one they do not, but they do once both are in zone 0's window.
+        let mut one_window = aliased_sample();
+        one_window.plans[0].zone = 0;
+        one_window.write(&path).unwrap();
+        let e = CacheContent::read(&path, 1 << 40, 1 << 21).unwrap_err().to_string();
+        assert!(e.contains("plans[1]") && e.contains("share bytes"), "{e}");
+        // Larger than the device.
+        c.write(&path).unwrap();
+        let e = CacheContent::read(&path, 5 << 20, 1 << 21).unwrap_err().to_string();
+        assert!(e.contains("exceed"), "{e}");
     }
 
     #[test]
@@ -311,7 +414,7 @@ mod tests {
         let path = dir.path().join("plans.json");
         let check = |text: &str, want: &str| {
             std::fs::write(&path, text).unwrap();
-            let e = CacheContent::read(&path, 1 << 40).unwrap_err().to_string();
+            let e = CacheContent::read(&path, 1 << 40, 1 << 21).unwrap_err().to_string();
             assert!(e.contains("plans.json") && e.contains(want), "{e}");
         };
         sample().write(&path).unwrap();
@@ -322,7 +425,7 @@ mod tests {
         check(&good.replace("\"period\":2", "\"period\":3"), "`period`");
         // A file without a period (written before there were periods) plans one step at a time.
         std::fs::write(&path, good.replace(",\"period\":2", "")).unwrap();
-        assert_eq!(CacheContent::read(&path, 1 << 40).unwrap().unwrap().period, 1);
+        assert_eq!(CacheContent::read(&path, 1 << 40, 1 << 21).unwrap().unwrap().period, 1);
         // Two live requests on the same bytes.
         check(&good.replace("[512,\"temp\",0,2,null,0]", "[512,\"temp\",0,3,null,0]"), "share bytes");
         // A persistent request that is freed in the step.
@@ -330,7 +433,7 @@ mod tests {
         check(&good.replace("\"persistent\":[]", "\"persistent\":[0]"), "plans[1]");
         // Larger than the device.
         sample().write(&path).unwrap();
-        let e = CacheContent::read(&path, 3000).unwrap_err().to_string();
+        let e = CacheContent::read(&path, 3000, 1 << 21).unwrap_err().to_string();
         assert!(e.contains("exceed"), "{e}");
     }
 }

@@ -127,11 +127,16 @@ struct StoredPlan {
 }
 
 impl StoredPlan {
-    /// A stored plan of `c` in an arena of at least `arena` bytes; the
-    /// persistent requests of a first-step plan are packed, in their order,
-    /// in the kept arena (their offsets marked [`KEPT`]).
+    /// A stored plan of `c` in an arena of at least `arena` bytes (an
+    /// aliased plan: its own); the persistent requests of a first-step plan
+    /// are packed, in their order, in the kept arena (their offsets marked
+    /// [`KEPT`]).
     fn of(c: &CachedPlan, arena: u64, first_only: bool, now: u64) -> Self {
-        Self::build(&c.profile.requests, &c.plan, &c.persistent, arena, first_only, now)
+        if c.zone == 0 {
+            return Self::build(&c.profile.requests, &c.plan, &c.persistent, arena, first_only, now);
+        }
+        let flat = windows(&c.plan.offsets, c.plan.arena_bytes, first_only);
+        StoredPlan { zone: c.zone, ..Self::build(&c.profile.requests, &flat, &c.persistent, 0, first_only, now) }
     }
 
     /// A stored plan of `plan` for `profile`, not kept for a plan cache.
@@ -170,16 +175,9 @@ impl StoredPlan {
 
     /// A stored aliased plan of `plan` for `profile` (two like steps): the
     /// arena is its two windows (`2 ×` the physical bytes), the second
-    /// half's offsets in window 1. Not kept for a plan cache.
+    /// half's offsets in window 1 ([`windows`]).
     fn of_aliased(profile: &StepProfile, plan: &AliasedPlan, now: u64) -> Self {
-        let h = plan.offsets.len() / 2;
-        let offsets: Vec<Option<u64>> = plan
-            .offsets
-            .iter()
-            .enumerate()
-            .map(|(k, o)| o.map(|o| if k < h { o } else { o + plan.arena_bytes }))
-            .collect();
-        let flat = Plan { arena_bytes: 2 * plan.arena_bytes, offsets };
+        let flat = windows(&plan.offsets, plan.arena_bytes, false);
         StoredPlan { zone: plan.zone_bytes, ..Self::build(&profile.requests, &flat, &[], 0, false, now) }
     }
 
@@ -619,7 +617,7 @@ impl Planning {
         // they serve (a run served by them reserves less than it did).
         let served = self.plans.iter().any(|p| p.from_cache && p.used);
         let high_water = if served { self.high_water.max(self.cached_high_water) } else { self.high_water };
-        let first = c.first.clone().map(|f| aligned_first(f, &plans));
+        let first = c.first.clone().map(|f| fitted_first(f, &plans));
         Some(CacheContent { high_water, period: self.period, first, plans })
     }
 
@@ -922,7 +920,10 @@ impl<D: Device> Allocator<D> {
             p.leave_first();
             return Ok(false);
         }
-        let Some(arena) = self.new_arena(want)? else { return Ok(false) };
+        // (A first-step plan in the second window of an aliased arena.)
+        let zone = p.active.map_or(0, |i| p.plans[i].zone);
+        let made = if zone > 0 { self.new_aliased_arena(want / 2, zone, None)? } else { self.new_arena(want)? };
+        let Some(arena) = made else { return Ok(false) };
         self.planning.as_mut().expect("planning is on").arenas.push(arena);
         Ok(true)
     }
@@ -1221,7 +1222,7 @@ impl<D: Device> Allocator<D> {
             let p = self.planning.as_mut().expect("planning is on");
             let c = p.cache.as_mut().expect("checked");
             c.first_stale = false;
-            c.first = plan.map(|plan| CachedPlan { profile, plan, persistent });
+            c.first = plan.map(|plan| CachedPlan { profile, plan, persistent, zone: 0 });
         }
         let p = self.planning.as_mut().expect("planning is on");
         let content = p.cache_content().expect("a cache");
@@ -1330,6 +1331,19 @@ impl<D: Device> Allocator<D> {
                     q.settled = true;
                     return Ok(());
                 }
+                // The profile is copied only for a plan cache.
+                let stored = match p.cache.as_mut() {
+                    Some(cache) => {
+                        cache.dirty = true;
+                        stored.keeping(CachedPlan {
+                            profile: StepProfile { step: profile.step, requests: profile.requests.clone() },
+                            plan: Plan { arena_bytes: aliased.arena_bytes, offsets: aliased.offsets },
+                            persistent: Vec::new(),
+                            zone: aliased.zone_bytes,
+                        })
+                    }
+                    None => stored,
+                };
                 p.store(stored);
                 self.stats.plans += 1;
                 return Ok(());
@@ -1358,7 +1372,7 @@ impl<D: Device> Allocator<D> {
             return Ok(());
         }
         // The profile is copied only for a plan cache (its buffer serves the next step).
-        let c = CachedPlan { profile: StepProfile::default(), plan, persistent: Vec::new() };
+        let c = CachedPlan { profile: StepProfile::default(), plan, persistent: Vec::new(), zone: 0 };
         let stored = if p.cache.is_some() {
             let c = CachedPlan { profile: StepProfile { step: profile.step, requests: profile.requests.clone() }, ..c };
             StoredPlan::of(&c, p.common_arena, false, p.steps).keeping(c)
@@ -1387,7 +1401,7 @@ impl<D: Device> Allocator<D> {
     /// version, an invalid plan, too large for this device) is warned
     /// about, counted in `plan_refused`, and overwritten by this run's plans.
     pub fn use_plan_cache(&mut self, path: &Path) -> Result<usize, CacheError> {
-        let capacity = self.device.capacity();
+        let (capacity, granularity) = (self.device.capacity(), self.device.granularity());
         let Some(p) = self.planning.as_mut() else {
             return Err(CacheError {
                 path: path.to_path_buf(),
@@ -1395,7 +1409,7 @@ impl<D: Device> Allocator<D> {
                 foreign: false,
             });
         };
-        let content = match CacheContent::read(path, capacity) {
+        let content = match CacheContent::read(path, capacity, granularity) {
             Ok(c) => c,
             Err(e) if e.foreign => return Err(e),
             Err(e) => {
@@ -1422,6 +1436,7 @@ impl<D: Device> Allocator<D> {
             if let Some(f) = content.first.as_mut() {
                 f.plan.offsets.iter_mut().for_each(|o| *o = None);
                 f.plan.arena_bytes = 0;
+                f.zone = 0;
             }
         }
         p.forget_plans();
@@ -1457,10 +1472,17 @@ impl<D: Device> Allocator<D> {
         let i = p.active.expect("a plan is active");
         let (want, zone) = (p.plans[i].arena_bytes, p.plans[i].zone);
         // An aliased arena's zone where the step before lay (its tensors
-        // are on the dynamic path) is made once a request needs it.
-        let pending = (zone > 0).then(|| if p.plans[i].install_at < p.plans[i].keys.len() / 2 { 2 } else { 0 });
+        // are on the dynamic path) is made once a request needs it (none
+        // lay before a run's first step).
+        let pending = (zone > 0 && !p.plans[i].first_only).then(|| {
+            if p.plans[i].install_at < p.plans[i].keys.len() / 2 {
+                2
+            } else {
+                0
+            }
+        });
         // What it holds: an aliased arena's two windows share their memory.
-        let holds = p.plans[i].physical() - if zone > 0 { zone } else { 0 };
+        let holds = p.plans[i].physical() - if pending.is_some() { zone } else { 0 };
         let kept = if p.kept_seg.is_none() { p.plans[i].kept_bytes } else { 0 };
         p.installing = false;
         if let Some(seg) = p.arenas.last().map(|a| a.seg) {
@@ -2162,6 +2184,16 @@ fn free_span(blocks: &super::slab::Slab<Block>, arena: &mut Arena, lo: u64, hi: 
     b.is_free() && b.offset + b.size >= hi
 }
 
+/// The offsets of an aliased plan of `phys` physical bytes as one plan
+/// over its arena's two windows (`2 × phys` bytes): the second half's
+/// requests (all of them for a first-step plan, which lies in the second
+/// window) in window 1.
+fn windows(offsets: &[Option<u64>], phys: u64, first_only: bool) -> Plan {
+    let h = offsets.len() / 2;
+    let shift = |k: usize| if first_only || k >= h { phys } else { 0 };
+    Plan { arena_bytes: 2 * phys, offsets: offsets.iter().enumerate().map(|(k, o)| o.map(|o| o + shift(k))).collect() }
+}
+
 /// Bytes of the requests of `profile` live at its end past the allocation
 /// of their own next instance (freed in the next step after its request of
 /// the same index): no plan of one step can place them.
@@ -2174,42 +2206,93 @@ fn double_bytes(profile: &StepProfile) -> u64 {
         .sum()
 }
 
-/// The first-step plan `first`, changed when the tensors it leaves live
-/// into the next step (a loss, the last logits) would lie in the way of
-/// that step's requests under a steady plan of `plans` whose requests its
-/// own are (the first step of a training is a steady step plus the
+/// The first-step plan `first` fitted to the steady plans `plans` (as the
+/// cache file keeps it): in the second window of an aliased plan's arena
+/// when one matches ([`aliased_first`]; the one most of whose second step
+/// matches), else out of the way of a plain plan ([`aligned_first`]).
+fn fitted_first(first: CachedPlan, plans: &[CachedPlan]) -> CachedPlan {
+    let aliased = plans.iter().filter(|s| s.zone > 0).filter_map(|s| aliased_first(&first, s));
+    if let Some((_, f)) = aliased.max_by_key(|(matched, _)| *matched) {
+        return f;
+    }
+    // (One fitted to an aliased plan no longer cached is a plain plan of
+    // its window's bytes.)
+    aligned_first(CachedPlan { zone: 0, ..first }, plans)
+}
+
+/// The requests of `first` (its indices `rest`, in order) matched with
+/// those of `steady` from the end, in order, skipping what only the first
+/// step has (the first step of a training is a steady step plus the
 /// parameters and optimizer states it creates, and what it does once):
-/// then its requests take that plan's offsets, so that what it leaves lies
-/// where the steady plan expects it. The steady plan's requests are
-/// matched from the end, in order, skipping what only the first step has;
-/// those keep their offsets where nothing matched overlaps them, and are
-/// left to the dynamic path otherwise. `first` unchanged when nothing is
-/// in the way, no plan matches at least half of its requests, or the
-/// result fails [`validate_plan`].
-fn aligned_first(first: CachedPlan, plans: &[CachedPlan]) -> CachedPlan {
-    let reqs = &first.profile.requests;
-    let n = reqs.len() as u32;
-    let mut persistent = vec![false; reqs.len()];
+/// pairs (request of `first`, request of `steady`), last first.
+fn match_from_end(first: &[PlanRequest], rest: &[usize], steady: &[PlanRequest]) -> Vec<(usize, usize)> {
+    let mut pairs = Vec::with_capacity(steady.len());
+    let mut j = steady.len();
+    for &k in rest.iter().rev() {
+        if j == 0 {
+            break;
+        }
+        if key(&first[k]) == key(&steady[j - 1]) {
+            j -= 1;
+            pairs.push((k, j));
+        }
+    }
+    pairs
+}
+
+/// The requests of a first-step plan that are not persistent, in order.
+fn not_persistent(first: &CachedPlan) -> Vec<usize> {
+    let mut persistent = vec![false; first.profile.requests.len()];
     for &k in &first.persistent {
         persistent[k as usize] = true;
     }
-    let rest: Vec<usize> = (0..reqs.len()).filter(|&k| !persistent[k]).collect();
+    (0..persistent.len()).filter(|&k| !persistent[k]).collect()
+}
+
+/// Whether request `u` of `first` at `off` meets none of the matched
+/// requests (at `offsets`) in both time and bytes.
+fn apart_from_matched(
+    first: &CachedPlan,
+    u: usize,
+    off: u64,
+    pairs: &[(usize, usize)],
+    offsets: &[Option<u64>],
+) -> bool {
+    let reqs = &first.profile.requests;
+    let n = reqs.len() as u32;
+    let live = |k: usize| {
+        let (iv, m) = reqs[k].intervals(k as u32, n);
+        iv.into_iter().take(m).filter(|(a, b)| a < b).collect::<Vec<_>>()
+    };
+    let lu = live(u);
+    let (lo, hi) = (off, off + reqs[u].planned_bytes());
+    !pairs.iter().any(|&(k, _)| {
+        offsets[k].is_some_and(|o| {
+            o < hi
+                && lo < o + reqs[k].planned_bytes()
+                && live(k).iter().any(|&(a, b)| lu.iter().any(|&(c, d)| a < d && c < b))
+        })
+    })
+}
+
+/// The first-step plan `first` changed when the tensors it leaves live
+/// into the next step (a loss, the last logits) would lie in the way of
+/// that step's requests under a steady plan of `plans` whose requests its
+/// own are: then its requests take that plan's offsets, so that what it
+/// leaves lies where the steady plan expects it. The steady plan's
+/// requests are matched from the end ([`match_from_end`]); those of
+/// `first` no request matched keep their offsets where nothing matched
+/// overlaps them, and are left to the dynamic path otherwise. `first`
+/// unchanged when nothing is in the way, no plain plan matches at least
+/// half of its requests, or the result fails [`validate_plan`].
+fn aligned_first(first: CachedPlan, plans: &[CachedPlan]) -> CachedPlan {
+    let reqs = &first.profile.requests;
+    let rest = not_persistent(&first);
     let range = |off: u64, r: &PlanRequest| (off, off + r.planned_bytes());
     let apart = |(a0, a1): (u64, u64), (b0, b1): (u64, u64)| a1 <= b0 || b1 <= a0;
-    for s in plans {
+    for s in plans.iter().filter(|s| s.zone == 0) {
         let steady = &s.profile.requests;
-        // (request of `first`, request of `s`), matched from the end.
-        let mut pairs = Vec::with_capacity(steady.len());
-        let mut j = steady.len();
-        for &k in rest.iter().rev() {
-            if j == 0 {
-                break;
-            }
-            if key(&reqs[k]) == key(&steady[j - 1]) {
-                j -= 1;
-                pairs.push((k, j));
-            }
-        }
+        let pairs = match_from_end(reqs, &rest, steady);
         if pairs.len() * 2 < steady.len().max(1) {
             continue;
         }
@@ -2232,20 +2315,8 @@ fn aligned_first(first: CachedPlan, plans: &[CachedPlan]) -> CachedPlan {
         }
         // What only the first step has keeps its offset unless it meets a
         // matched request in time and in bytes.
-        let live = |k: usize| {
-            let (iv, m) = reqs[k].intervals(k as u32, n);
-            iv.into_iter().take(m).filter(|(a, b)| a < b).collect::<Vec<_>>()
-        };
         for &u in rest.iter().filter(|&&u| !matched[u]) {
-            let Some(off) = offsets[u] else { continue };
-            let (lu, ru) = (live(u), range(off, &reqs[u]));
-            let meets = pairs.iter().any(|&(k, _)| {
-                offsets[k].is_some_and(|o| {
-                    !apart(ru, range(o, &reqs[k]))
-                        && live(k).iter().any(|&(a, b)| lu.iter().any(|&(c, d)| a < d && c < b))
-                })
-            });
-            if meets {
+            if offsets[u].is_some_and(|off| !apart_from_matched(&first, u, off, &pairs, &offsets)) {
                 offsets[u] = None;
             }
         }
@@ -2255,6 +2326,70 @@ fn aligned_first(first: CachedPlan, plans: &[CachedPlan]) -> CachedPlan {
         }
     }
     first
+}
+
+/// The first-step plan `first` in the second window of the arena of `s`,
+/// an aliased plan of two steps: where the step before a pair lies, so
+/// that the arena the first step used serves the first pair as it is (its
+/// first step in the first window, around what the first step left live).
+/// The requests of `first` take the offsets of those of the pair's second
+/// step they match ([`match_from_end`]); what only the first step has keeps
+/// its own offset where it lies in the window and meets no matched request
+/// in time and bytes. A tensor it may leave live into the next step keeps
+/// its offset only where the second step's own is left live into the next
+/// pair too, or where its physical memory is apart from every range of the
+/// pair's first step. Offsets are of the second window (`[0, phys)`,
+/// physical through its swapped zones); with the number of matched
+/// requests, or `None` when fewer than half of the second step's match or
+/// the result is no valid plan.
+fn aliased_first(first: &CachedPlan, s: &CachedPlan) -> Option<(usize, CachedPlan)> {
+    let (phys, zone) = (s.plan.arena_bytes, s.zone);
+    let reqs = &first.profile.requests;
+    let n = reqs.len() as u32;
+    let (steady, h) = (&s.profile.requests, s.profile.requests.len() / 2);
+    let rest = not_persistent(first);
+    let pairs: Vec<(usize, usize)> =
+        match_from_end(reqs, &rest, &steady[h..]).into_iter().map(|(k, j)| (k, j + h)).collect();
+    if pairs.len() * 2 < (steady.len() - h).max(1) {
+        return None;
+    }
+    let mut offsets = vec![None; reqs.len()];
+    let mut wraps = vec![false; reqs.len()];
+    for &(k, j) in &pairs {
+        offsets[k] = s.plan.offsets[j];
+        wraps[k] = steady[j].freed_at.is_none() && steady[j].wraps_to.is_some();
+    }
+    let mut matched = vec![false; reqs.len()];
+    for &(k, _) in &pairs {
+        matched[k] = true;
+    }
+    for &u in rest.iter().filter(|&&u| !matched[u]) {
+        if let Some(off) = first.plan.offsets[u].filter(|&o| o + reqs[u].planned_bytes() <= phys) {
+            if apart_from_matched(first, u, off, &pairs, &offsets) {
+                offsets[u] = Some(off);
+            }
+        }
+    }
+    // What may be left live into the pair's first step (window 0: physical as is).
+    let pair_first: Vec<(u64, u64)> =
+        (0..h).filter_map(|i| s.plan.offsets[i].map(|o| (o, o + steady[i].planned_bytes()))).collect();
+    for k in 0..reqs.len() {
+        let Some(off) = offsets[k] else { continue };
+        if wraps[k] || reqs[k].freed_at.is_some_and(|f| f < n) {
+            continue;
+        }
+        let meets = swapped(off, off + reqs[k].planned_bytes(), phys, zone)
+            .into_iter()
+            .any(|(lo, hi)| lo < hi && pair_first.iter().any(|&(a, b)| lo < b && a < hi));
+        if meets {
+            offsets[k] = None;
+        }
+    }
+    let plan = Plan { arena_bytes: phys, offsets };
+    if plan.planned() == 0 || validate_plan(&first.profile, &plan, u64::MAX).is_err() {
+        return None;
+    }
+    Some((pairs.len(), CachedPlan { plan, zone, ..first.clone() }))
 }
 
 /// The time to install a plan: the request before which the fewest planned
@@ -2297,8 +2432,9 @@ fn split(blocks: &mut super::slab::Slab<Block>, blk: u32, at: u64) -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use super::{aligned_first, CachedPlan};
+    use super::{aliased_first, aligned_first, CachedPlan};
     use crate::alloc::Allocator;
+    use crate::decision::validate_aliased;
     use crate::decision::{validate_plan, Plan, PlanRequest, StepProfile};
     use crate::device::sim::{SimConfig, SimDevice};
     use crate::types::MIB;
@@ -2318,6 +2454,7 @@ mod tests {
             profile: StepProfile { step: 1, requests: vec![t, a] },
             plan: Plan { arena_bytes: 3 * MIB, offsets: vec![Some(2 * MIB), Some(0)] },
             persistent: vec![],
+            zone: 0,
         };
         let requests = vec![
             req(4 * MIB, TensorKind::Param, None, None),
@@ -2329,6 +2466,7 @@ mod tests {
             profile: StepProfile { step: 0, requests },
             plan: Plan { arena_bytes: 4 * MIB, offsets: vec![None, Some(extra_at), Some(0), Some(act_at)] },
             persistent: vec![0],
+            zone: 0,
         };
         validate_plan(&first.profile, &first.plan, u64::MAX).unwrap();
         validate_plan(&steady.profile, &steady.plan, u64::MAX).unwrap();
@@ -2356,9 +2494,75 @@ mod tests {
             profile: StepProfile { step: 1, requests: vec![req(7 * MIB, TensorKind::Temp, Some(1), None)] },
             plan: Plan { arena_bytes: 7 * MIB, offsets: vec![Some(0)] },
             persistent: vec![],
+            zone: 0,
         };
         let (first, _) = first_and_steady(MIB, 3 * MIB);
         assert_eq!(aligned_first(first.clone(), &[other]), first);
+    }
+
+    #[test]
+    fn the_first_step_of_a_kept_output_loop_lies_in_the_second_window() {
+        // A pair [t, out | t, out] (2 MiB zones of a 6 MiB arena): each
+        // output at 0 of its window (physical low zone, then high), live
+        // into the next step; the temporaries in the middle.
+        let (t, out) = (TensorKind::Temp, TensorKind::Activation);
+        let pair = CachedPlan {
+            profile: StepProfile {
+                step: 1,
+                requests: vec![
+                    req(MIB, t, Some(1), None),
+                    req(2 * MIB, out, Some(4), None),
+                    req(MIB, t, Some(3), None),
+                    req(2 * MIB, out, None, Some(2)),
+                ],
+            },
+            plan: Plan { arena_bytes: 6 * MIB, offsets: vec![Some(2 * MIB), Some(0), Some(2 * MIB), Some(0)] },
+            persistent: vec![],
+            zone: 2 * MIB,
+        };
+        let a = pair.aliased().unwrap();
+        validate_aliased(&pair.profile, &a, 2 * MIB, u64::MAX).unwrap();
+        // The first step: a parameter, the step's requests and an extra
+        // buffer left live, planned plainly.
+        let first = |extra_at: u64| CachedPlan {
+            profile: StepProfile {
+                step: 0,
+                requests: vec![
+                    req(4 * MIB, TensorKind::Param, None, None),
+                    req(MIB, t, Some(2), None),
+                    req(2 * MIB, out, Some(4), None),
+                    req(MIB, TensorKind::Other, Some(4), None),
+                ],
+            },
+            plan: Plan { arena_bytes: 5 * MIB, offsets: vec![None, Some(0), Some(MIB), Some(extra_at)] },
+            persistent: vec![0],
+            zone: 0,
+        };
+        // The output takes the pair's second output's offset (window 1:
+        // physical high zone), the temporary its; the extra buffer, at 3 MiB
+        // of window 1 (physical middle), meets nothing of the pair's first
+        // step and keeps its offset.
+        let (matched, f) = aliased_first(&first(3 * MIB), &pair).unwrap();
+        assert_eq!(matched, 2);
+        assert_eq!((f.zone, f.plan.arena_bytes), (2 * MIB, 6 * MIB));
+        assert_eq!(f.plan.offsets, vec![None, Some(2 * MIB), Some(0), Some(3 * MIB)]);
+        validate_plan(&f.profile, &f.plan, u64::MAX).unwrap();
+        // At 4 MiB of window 1 it would lie in the physical low zone, where
+        // the pair's first output goes while it may still be live: dynamic.
+        let (_, f) = aliased_first(&first(4 * MIB), &pair).unwrap();
+        assert_eq!(f.plan.offsets, vec![None, Some(2 * MIB), Some(0), None]);
+        // Fitted again, the result is the same (the cache is rewritten each run).
+        let (_, g) = aliased_first(&f, &pair).unwrap();
+        assert_eq!(g, f);
+        // A pair of other requests: no fit.
+        let other = CachedPlan {
+            profile: StepProfile {
+                step: 1,
+                requests: vec![req(3 * MIB, t, Some(1), None), req(3 * MIB, t, Some(2), None)],
+            },
+            ..pair.clone()
+        };
+        assert!(aliased_first(&first(3 * MIB), &other).is_none());
     }
 
     /// With a cache of two entries, most planned ranges are found by the
