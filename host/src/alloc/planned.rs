@@ -621,10 +621,29 @@ impl Planning {
         Some(CacheContent { high_water, period: self.period, first, plans })
     }
 
+    /// At the end of the step after a run's first one, when the first
+    /// step's plan is learned in this run: when that step freed each of the
+    /// first step's end-live requests, in its own time (their `wraps_to`),
+    /// so that the first-step plan can be fitted to the plan of the steps
+    /// after it ([`aliased_first`]).
+    fn note_first_wraps(&mut self) {
+        let Some(c) = self.cache.as_mut() else { return };
+        let Some(f) = c.first_profile.as_mut() else { return };
+        for (k, r) in f.requests.iter_mut().enumerate() {
+            if r.freed_at.is_none() {
+                r.wraps_to = self.carried_freed.get(k).copied().filter(|&t| t != NOT_FREED);
+            }
+        }
+        c.first_stale = true;
+        c.dirty = true;
+    }
+
     /// The first step's profile as its cached plan sees it, and its
     /// persistent requests: those live at its end and still live now stay
-    /// unplanned (they go to the kept arena); those freed
-    /// since, in a later step, are planned as live until the step's end.
+    /// unplanned (they go to the kept arena); those freed since, in a later
+    /// step, are freed after its end (`freed_at` = its length + 1, planned
+    /// as live until its end; `wraps_to`: when the next step freed them, if
+    /// it did — see [`Planning::note_first_wraps`]).
     fn first_for_planning(&self) -> Option<(StepProfile, Vec<u32>)> {
         let c = self.cache.as_ref()?;
         let mut profile = c.first_profile.clone()?;
@@ -636,7 +655,7 @@ impl Planning {
             if keep.peek() == Some(&&(k as u32)) {
                 keep.next();
             } else if r.freed_at.is_none() {
-                r.freed_at = Some(n);
+                r.freed_at = Some(n + 1);
             }
         }
         Some((profile, persistent))
@@ -1096,6 +1115,9 @@ impl<D: Device> Allocator<D> {
         let first_step = p.steps == 0;
         p.deferred_arena = 0;
         p.kept_left.clear();
+        if p.steps == 1 {
+            p.note_first_wraps();
+        }
         let (profile, repeated) = p.close_step(step);
         let n = profile.requests.len();
         let known = profile.requests.iter().enumerate().filter(|(k, r)| r.plannable(*k as u32)).count();
@@ -1218,7 +1240,15 @@ impl<D: Device> Allocator<D> {
         if let Some((profile, persistent)) =
             p.first_for_planning().filter(|_| p.cache.as_ref().is_some_and(|c| c.first_stale))
         {
-            let plan = self.ask_planner(&profile)?;
+            // (The planner sees the step as it plans it: what it leaves
+            // live is live to its end, whenever a later step freed it.)
+            let mut asked = StepProfile { step: profile.step, requests: profile.requests.clone() };
+            let n = asked.requests.len() as u32;
+            for r in asked.requests.iter_mut().filter(|r| r.freed_at.is_some()) {
+                r.freed_at = r.freed_at.map(|f| f.min(n));
+                r.wraps_to = None;
+            }
+            let plan = self.ask_planner(&asked)?;
             let p = self.planning.as_mut().expect("planning is on");
             let c = p.cache.as_mut().expect("checked");
             c.first_stale = false;
@@ -2335,10 +2365,10 @@ fn aligned_first(first: CachedPlan, plans: &[CachedPlan]) -> CachedPlan {
 /// The requests of `first` take the offsets of those of the pair's second
 /// step they match ([`match_from_end`]); what only the first step has keeps
 /// its own offset where it lies in the window and meets no matched request
-/// in time and bytes. A tensor it may leave live into the next step keeps
-/// its offset only where the second step's own is left live into the next
-/// pair too, or where its physical memory is apart from every range of the
-/// pair's first step. Offsets are of the second window (`[0, phys)`,
+/// in time and bytes. A tensor it leaves live (freed after its end, see
+/// [`Planning::first_for_planning`]) keeps its offset only where its
+/// physical memory is apart from every range of the pair allocated before
+/// it is freed there. Offsets are of the second window (`[0, phys)`,
 /// physical through its swapped zones); with the number of matched
 /// requests, or `None` when fewer than half of the second step's match or
 /// the result is no valid plan.
@@ -2354,13 +2384,13 @@ fn aliased_first(first: &CachedPlan, s: &CachedPlan) -> Option<(usize, CachedPla
         return None;
     }
     let mut offsets = vec![None; reqs.len()];
-    let mut wraps = vec![false; reqs.len()];
+    // When the pair's second step frees the matched request's own instance
+    // in the next pair (it is left live there too).
+    let mut steady_wrap = vec![None; reqs.len()];
+    let mut matched = vec![false; reqs.len()];
     for &(k, j) in &pairs {
         offsets[k] = s.plan.offsets[j];
-        wraps[k] = steady[j].freed_at.is_none() && steady[j].wraps_to.is_some();
-    }
-    let mut matched = vec![false; reqs.len()];
-    for &(k, _) in &pairs {
+        steady_wrap[k] = steady[j].wraps_to.filter(|_| steady[j].freed_at.is_none());
         matched[k] = true;
     }
     for &u in rest.iter().filter(|&&u| !matched[u]) {
@@ -2370,17 +2400,33 @@ fn aliased_first(first: &CachedPlan, s: &CachedPlan) -> Option<(usize, CachedPla
             }
         }
     }
-    // What may be left live into the pair's first step (window 0: physical as is).
-    let pair_first: Vec<(u64, u64)> =
-        (0..h).filter_map(|i| s.plan.offsets[i].map(|o| (o, o + steady[i].planned_bytes()))).collect();
+    // What it may leave live into the pair, until the pair's request the
+    // next step freed it before (as that step did, else as the second
+    // step's own instance is, else never): apart, physically, from every
+    // range of the pair allocated before then (its first step's in window
+    // 0, physical as is; its second's in window 1).
+    let pair_range = |i: usize, o: u64| {
+        let e = o + steady[i].planned_bytes();
+        if i < h {
+            [(o, e), (0, 0), (0, 0)]
+        } else {
+            swapped(o, e, phys, zone)
+        }
+    };
     for k in 0..reqs.len() {
         let Some(off) = offsets[k] else { continue };
-        if wraps[k] || reqs[k].freed_at.is_some_and(|f| f < n) {
+        if reqs[k].freed_at.is_some_and(|f| f <= n) {
             continue;
         }
-        let meets = swapped(off, off + reqs[k].planned_bytes(), phys, zone)
-            .into_iter()
-            .any(|(lo, hi)| lo < hi && pair_first.iter().any(|&(a, b)| lo < b && a < hi));
+        let until = reqs[k].wraps_to.or(steady_wrap[k]).map_or(steady.len(), |w| (w as usize).min(steady.len()));
+        let mine = swapped(off, off + reqs[k].planned_bytes(), phys, zone);
+        let meets = (0..until).any(|i| {
+            s.plan.offsets[i].is_some_and(|o| {
+                pair_range(i, o)
+                    .into_iter()
+                    .any(|(a, b)| a < b && mine.iter().any(|&(lo, hi)| lo < hi && lo < b && a < hi))
+            })
+        });
         if meets {
             offsets[k] = None;
         }
@@ -2523,15 +2569,17 @@ mod tests {
         let a = pair.aliased().unwrap();
         validate_aliased(&pair.profile, &a, 2 * MIB, u64::MAX).unwrap();
         // The first step: a parameter, the step's requests and an extra
-        // buffer left live, planned plainly.
-        let first = |extra_at: u64| CachedPlan {
+        // buffer, both left live (freed after its end: at 5 of 4), planned
+        // plainly; the next step frees the buffer before its request
+        // `extra_until` when given.
+        let first = |extra_at: u64, extra_until: Option<u32>| CachedPlan {
             profile: StepProfile {
                 step: 0,
                 requests: vec![
                     req(4 * MIB, TensorKind::Param, None, None),
                     req(MIB, t, Some(2), None),
-                    req(2 * MIB, out, Some(4), None),
-                    req(MIB, TensorKind::Other, Some(4), None),
+                    req(2 * MIB, out, Some(5), None),
+                    req(MIB, TensorKind::Other, Some(5), extra_until),
                 ],
             },
             plan: Plan { arena_bytes: 5 * MIB, offsets: vec![None, Some(0), Some(MIB), Some(extra_at)] },
@@ -2540,20 +2588,27 @@ mod tests {
         };
         // The output takes the pair's second output's offset (window 1:
         // physical high zone), the temporary its; the extra buffer, at 3 MiB
-        // of window 1 (physical middle), meets nothing of the pair's first
-        // step and keeps its offset.
-        let (matched, f) = aliased_first(&first(3 * MIB), &pair).unwrap();
+        // of window 1 (physical middle), meets nothing of the pair and
+        // keeps its offset.
+        let (matched, f) = aliased_first(&first(3 * MIB, None), &pair).unwrap();
         assert_eq!(matched, 2);
         assert_eq!((f.zone, f.plan.arena_bytes), (2 * MIB, 6 * MIB));
         assert_eq!(f.plan.offsets, vec![None, Some(2 * MIB), Some(0), Some(3 * MIB)]);
         validate_plan(&f.profile, &f.plan, u64::MAX).unwrap();
-        // At 4 MiB of window 1 it would lie in the physical low zone, where
-        // the pair's first output goes while it may still be live: dynamic.
-        let (_, f) = aliased_first(&first(4 * MIB), &pair).unwrap();
+        // At 4 MiB of window 1 it lies in the physical low zone, where the
+        // pair's first output goes while it is still live: dynamic ...
+        let (_, f) = aliased_first(&first(4 * MIB, None), &pair).unwrap();
         assert_eq!(f.plan.offsets, vec![None, Some(2 * MIB), Some(0), None]);
+        // ... unless the next step frees it before that output comes.
+        let (_, g) = aliased_first(&first(4 * MIB, Some(1)), &pair).unwrap();
+        assert_eq!(g.plan.offsets, vec![None, Some(2 * MIB), Some(0), Some(4 * MIB)]);
+        // Freed at the step's end (4 of 4), it is no concern of the pair.
+        let mut freed = first(4 * MIB, None);
+        freed.profile.requests[3].freed_at = Some(4);
+        assert_eq!(aliased_first(&freed, &pair).unwrap().1.plan.offsets[3], Some(4 * MIB));
         // Fitted again, the result is the same (the cache is rewritten each run).
-        let (_, g) = aliased_first(&f, &pair).unwrap();
-        assert_eq!(g, f);
+        let (_, again) = aliased_first(&f, &pair).unwrap();
+        assert_eq!(again, f);
         // A pair of other requests: no fit.
         let other = CachedPlan {
             profile: StepProfile {
@@ -2562,7 +2617,7 @@ mod tests {
             },
             ..pair.clone()
         };
-        assert!(aliased_first(&first(3 * MIB), &other).is_none());
+        assert!(aliased_first(&first(3 * MIB, None), &other).is_none());
     }
 
     /// With a cache of two entries, most planned ranges are found by the
