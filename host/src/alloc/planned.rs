@@ -35,7 +35,9 @@
 //!
 //! Matching tolerates deviations: a request is compared with the next
 //! [`LOOKAHEAD`] entries of the plan; a match there skips the entries before
-//! it (missing requests), no match leaves the cursor (an extra request). At
+//! it (missing requests); else a request of the entry at the cursor's kind,
+//! stream and planned size (its bytes rounded to [`PLAN_ALIGN`]) is that
+//! one, a few bytes off; no match leaves the cursor (an extra request). At
 //! a step's first request the most recently used plan whose first entry
 //! matches is chosen. A step is planned again when it missed more than 1 %
 //! of its requests, or when its profile knows more lifetimes than the plan's.
@@ -395,6 +397,10 @@ pub(crate) struct Planning {
     /// The plan serving this step, and the next entry to match.
     active: Option<usize>,
     cursor: usize,
+    /// No plan is chosen for this step yet, and one still may be: its
+    /// first [`LOOKAHEAD`] requests may start a plan (what comes before
+    /// is extra).
+    choosing: bool,
     /// The active plan needs a larger arena: it is matched, not served,
     /// until its install point.
     installing: bool,
@@ -479,6 +485,7 @@ impl Planning {
             plans: Vec::new(),
             active: None,
             cursor: 0,
+            choosing: false,
             installing: false,
             matched: Vec::new(),
             last_match: None,
@@ -527,15 +534,31 @@ impl Planning {
     #[inline]
     fn next_offset(&mut self, req: &AllocRequest) -> Option<(usize, Option<u64>)> {
         if self.current.is_empty() {
+            self.choosing = true;
+        }
+        if self.choosing {
+            self.choosing = self.current.len() < LOOKAHEAD;
             self.choose(req);
+            if self.active.is_some() {
+                self.choosing = false;
+                // What came before it is extra: misses (for replanning).
+                self.step_misses += self.current.len() as u64;
+            }
         }
         let plan = &self.plans[self.active?];
         let k = (req.bytes, req.kind, req.stream);
         let end = (self.cursor + LOOKAHEAD).min(plan.keys.len());
+        // The request itself, or one of the same planned size where it is
+        // expected (the same tensor a few bytes off: its planned block).
+        let resized = |&(b, kind, stream): &Key| {
+            kind == req.kind && stream == req.stream && req.bytes.div_ceil(PLAN_ALIGN) == b.div_ceil(PLAN_ALIGN)
+        };
         let j = if plan.keys.get(self.cursor) == Some(&k) {
             self.cursor
+        } else if let Some(j) = (self.cursor + 1..end).find(|&j| plan.keys[j] == k) {
+            j
         } else {
-            (self.cursor + 1..end).find(|&j| plan.keys[j] == k)?
+            Some(self.cursor).filter(|&c| plan.keys.get(c).is_some_and(resized))?
         };
         self.cursor = j + 1;
         Some((j, plan.offsets[j]))
@@ -1130,9 +1153,15 @@ impl<D: Device> Allocator<D> {
         // the second step's shape would not be known when chosen.
         let few_unknown = p.period == 1 && (n - known) * 100 <= n;
         let worth = n > 0 && known > 0 && (known == n || repeated || few_unknown);
-        // (A settled plan misses up to 1 in 10 before it is planned again.)
+        // (A settled plan misses up to 1 in 10 before it is planned again;
+        // any plan but a cached first-step one, two requests: an extra
+        // tensor or two is no new step. A profile knows more when fewer of
+        // its lifetimes are unknown.)
         let most = |i: usize| if p.plans[i].settled { 10 } else { 100 };
-        let good = served_plan.is_some_and(|i| p.plans[i].known >= known && misses * most(i) <= (hits + misses));
+        let unknown = |i: usize| p.plans[i].keys.len() - p.plans[i].known;
+        let few = |i: usize| misses <= 2 && !p.plans[i].first_only;
+        let good =
+            served_plan.is_some_and(|i| unknown(i) <= n - known && (few(i) || misses * most(i) <= (hits + misses)));
         // (Not when no plan serves the steps to come: they need that cache.)
         let trim = std::mem::take(&mut p.trim_pending)
             && served_plan.is_some()
