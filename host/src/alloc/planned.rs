@@ -1886,8 +1886,10 @@ impl<D: Device> Allocator<D> {
     /// What taking each of `fits` ((free block bytes, offset) in arena
     /// `a`) for `size` bytes would displace, for the request being served,
     /// which missed its plan: the largest request the active plan allocates
-    /// over that range while the borrowed tensor is expected to live (in
-    /// the next [`LEND_HORIZON`] entries; 0: none). That request would miss
+    /// over that range while the borrowed tensor is expected to live, and
+    /// [`LOOKAHEAD`] entries more (in the next [`LEND_HORIZON`] entries; past
+    /// a cached first-step plan's end, those of the steady plan of its
+    /// arena; 0: none). That request would miss
     /// in turn and need as much beside the arena: a large tensor displaced
     /// so at the step's peak costs what the plan saved. `None` when no plan
     /// serves `a` or the request did not miss. Work: O(E log C + overlaps)
@@ -1910,11 +1912,24 @@ impl<D: Device> Allocator<D> {
             .filter(|&(lo, hi, _)| lo < hi)
             .collect();
         parts.sort_unstable();
+        // After a cached first-step plan comes a steady plan of its arena.
+        let next = if plan.first_only {
+            p.plans.iter().find(|q| !q.first_only && q.zone == plan.zone && q.arena_bytes == plan.arena_bytes)
+        } else {
+            Some(plan)
+        };
         let mut displaced = vec![0u64; fits.len()];
-        for t in from..until.min(from.saturating_add(LEND_HORIZON)) {
-            let e = (t % n) as usize;
-            let Some(o) = plan.offsets[e].filter(|o| o & KEPT == 0) else { continue };
-            let bytes = plan.keys[e].0.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
+        // (A few entries past the expected end: a tensor freed a little
+        // late must not have displaced what comes then.)
+        let end = until.saturating_add(LOOKAHEAD as u32).min(from.saturating_add(LEND_HORIZON));
+        for t in from..end {
+            let (q, e) = match next {
+                _ if t < n => (plan, t as usize),
+                Some(q) if !q.keys.is_empty() => (q, ((t - n) as usize) % q.keys.len()),
+                _ => break,
+            };
+            let Some(o) = q.offsets[e].filter(|o| o & KEPT == 0) else { continue };
+            let bytes = q.keys[e].0.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
             for (lo, hi) in physical(o, o + bytes, arena.size, zone).into_iter().filter(|&(lo, hi)| lo < hi) {
                 // Pieces are at most `size` long: those meeting [lo, hi) start in (lo - size, hi).
                 let mut k = parts.partition_point(|q| q.0 + size <= lo);
