@@ -1062,15 +1062,7 @@ proptest! {
         r.finish();
         // The same steps with the plan cache of a run of the template: its
         // plans serve them from the first request, deviations and all.
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("plans.json");
-        let mut learn = Run::new("planned", 8 * GIB);
-        learn.check_each = false;
-        learn.a.use_plan_cache(&path).unwrap();
-        for _ in 0..4 {
-            learn.step(&template);
-        }
-        learn.finish();
+        let (_dir, path) = learned_cache(&template, 4);
         let mut warm = Run::new("planned", cap);
         prop_assert!(warm.a.use_plan_cache(&path).unwrap() >= 1);
         for s in &steps {
@@ -1097,30 +1089,21 @@ proptest! {
     })]
 
     #[test]
-    fn kept_output_loops_in_aliased_arenas_never_corrupt_or_add_ooms(
+    fn kept_output_loops_cold_or_served_from_a_plan_cache_never_corrupt_or_add_ooms(
         layers in 2usize..7,
         act in (256 * KIB)..(3 * MIB),
         logits in (2 * MIB)..(24 * MIB),
         stable in any::<bool>(),
         devs in prop::collection::vec(prop::collection::vec(dev_strategy(3 * 6 + 3), 0..4), 8..13),
     ) {
-        let (r, need, cap) = kept_output_run(&kept_output_step(layers, act, logits), &devs, stable);
+        let template = kept_output_step(layers, act, logits);
+        let (r, need, cap) = kept_output_run(&template, &devs, stable);
         prop_assert_eq!(r.ooms, 0, "OOM at {} bytes where defrag needs {}: {:?}", cap, need, r.a.stats());
         r.finish();
-    }
-
-    #[test]
-    fn kept_output_loops_served_from_a_plan_cache_never_corrupt_or_add_ooms(
-        layers in 2usize..7,
-        act in (256 * KIB)..(3 * MIB),
-        logits in (2 * MIB)..(24 * MIB),
-        stable in any::<bool>(),
-        devs in prop::collection::vec(prop::collection::vec(dev_strategy(3 * 6 + 3), 0..4), 8..13),
-    ) {
         // The cache of a run of the loop itself (its aliased plan, the
         // first step in its second window) serves a run that deviates from
         // it in every other step, the first included.
-        let (warm, need, cap) = warm_kept_output_run(&kept_output_step(layers, act, logits), &devs, stable);
+        let (warm, need, cap) = warm_kept_output_run(&template, &devs, stable);
         prop_assert_eq!(warm.ooms, 0, "warm: OOM at {} bytes where defrag needs {}: {:?}", cap, need, warm.a.stats());
         warm.finish();
     }
@@ -1130,25 +1113,23 @@ proptest! {
 /// first step deviates too), served from the plan cache of a run of
 /// `template` itself.
 fn warm_kept_output_run(template: &[Req], devs: &[Vec<Dev>], stable: bool) -> (Run, u64, u64) {
+    let (_dir, path) = learned_cache(template, 8);
+    planned_run(template, devs, stable, Some(&path))
+}
+
+/// The plan cache of a run of `steps` steps of `template` (in a temporary
+/// directory, removed when it is dropped).
+fn learned_cache(template: &[Req], steps: usize) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("plans.json");
     let mut learn = Run::new("planned", 8 * GIB);
     learn.check_each = false;
     learn.a.use_plan_cache(&path).unwrap();
-    for _ in 0..8 {
+    for _ in 0..steps {
         learn.step(template);
     }
     learn.finish();
-    let steps: Vec<Vec<Req>> =
-        devs.iter().enumerate().map(|(i, d)| if i % 2 == 1 { template.to_vec() } else { ops(template, d) }).collect();
-    let (need, cap) = headroom(&steps);
-    let mut warm = Run::new("planned", cap);
-    warm.a.set_stable_addresses(stable);
-    assert!(warm.a.use_plan_cache(&path).unwrap() >= 1);
-    for s in &steps {
-        warm.step(s);
-    }
-    (warm, need, cap)
+    (dir, path)
 }
 
 /// A planned run of `devs.len()` steps of a kept-output loop: every other
@@ -1157,14 +1138,21 @@ fn warm_kept_output_run(template: &[Req], devs: &[Vec<Dev>], stable: bool) -> (R
 /// [`headroom`] over `defrag`'s need. Returns the run, the need and the
 /// capacity.
 fn kept_output_run(template: &[Req], devs: &[Vec<Dev>], stable: bool) -> (Run, u64, u64) {
-    let steps: Vec<Vec<Req>> = devs
-        .iter()
-        .enumerate()
-        .map(|(i, d)| if i % 2 == 0 && i > 0 { template.to_vec() } else { ops(template, d) })
-        .collect();
+    planned_run(template, devs, stable, None)
+}
+
+/// [`kept_output_run`], or with the plan cache `cache` (then the steps
+/// that deviate are the even ones, the first included).
+fn planned_run(template: &[Req], devs: &[Vec<Dev>], stable: bool, cache: Option<&std::path::Path>) -> (Run, u64, u64) {
+    let plain = |i: usize| if cache.is_some() { i % 2 == 1 } else { i % 2 == 0 && i > 0 };
+    let steps: Vec<Vec<Req>> =
+        devs.iter().enumerate().map(|(i, d)| if plain(i) { template.to_vec() } else { ops(template, d) }).collect();
     let (need, cap) = headroom(&steps);
     let mut r = Run::new("planned", cap);
     r.a.set_stable_addresses(stable);
+    if let Some(path) = cache {
+        assert!(r.a.use_plan_cache(path).unwrap() >= 1, "no plan cached");
+    }
     for s in &steps {
         r.step(s);
     }
