@@ -1144,7 +1144,7 @@ fn kept_output_run(template: &[Req], devs: &[Vec<Dev>], stable: bool) -> (Run, u
 /// [`kept_output_run`], or with the plan cache `cache` (then the steps
 /// that deviate are the even ones, the first included).
 fn planned_run(template: &[Req], devs: &[Vec<Dev>], stable: bool, cache: Option<&std::path::Path>) -> (Run, u64, u64) {
-    let plain = |i: usize| if cache.is_some() { i % 2 == 1 } else { i % 2 == 0 && i > 0 };
+    let plain = |i: usize| if cache.is_some() { i % 2 == 1 } else { i.is_multiple_of(2) && i > 0 };
     let steps: Vec<Vec<Req>> =
         devs.iter().enumerate().map(|(i, d)| if plain(i) { template.to_vec() } else { ops(template, d) }).collect();
     let (need, cap) = headroom(&steps);
