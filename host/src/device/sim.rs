@@ -20,6 +20,36 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
+/// Maps keyed by counters that mostly come in order (physical handles,
+/// granule indices): each run of 16 consecutive keys goes to 16
+/// consecutive buckets, so the paged path's runs of pages stay in cache (a
+/// hash that scatters every key made the table lookups half of a paged
+/// replay's time); the runs themselves are scattered, so that keys of
+/// distant ranges do not pile up in one stretch of the table.
+type SeqMap<V> = std::collections::HashMap<u64, V, std::hash::BuildHasherDefault<SeqHasher>>;
+
+/// The hasher of [`SeqMap`]: the key's run of 16 hashed (multiplicative,
+/// which also fills the table's tag byte at the top), its place in the run
+/// kept in the low bits.
+#[derive(Default)]
+struct SeqHasher(u64);
+
+impl std::hash::Hasher for SeqHasher {
+    fn finish(&self) -> u64 {
+        ((self.0 >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) << 4) ^ (self.0 & 15)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
 use super::{Device, DeviceCounters, DeviceError, DevicePtr, EventId, PhysHandle};
 use crate::types::{round_up, StreamId, GIB, MIB};
 
@@ -91,7 +121,7 @@ pub struct SimDevice {
     reservations: BTreeMap<DevicePtr, u64>,
     /// The reservation `map` found last: (base, size).
     last_reservation: Option<(DevicePtr, u64)>,
-    physical: FxHashMap<u64, Phys>,
+    physical: SeqMap<Phys>,
     next_phys: u64,
     mappings: Mappings,
     stream_clock_us: FxHashMap<StreamId, f64>,
@@ -107,7 +137,7 @@ struct Mappings {
     granularity: u64,
     /// Granule index (`address / granularity`) → (start, physical handle,
     /// size) of the mapping that covers it.
-    granules: FxHashMap<u64, (DevicePtr, PhysHandle, u64)>,
+    granules: SeqMap<(DevicePtr, PhysHandle, u64)>,
 }
 
 impl Mappings {
@@ -182,9 +212,9 @@ impl SimDevice {
             segments: BTreeMap::new(),
             reservations: BTreeMap::new(),
             last_reservation: None,
-            physical: FxHashMap::default(),
+            physical: SeqMap::default(),
             next_phys: 1,
-            mappings: Mappings { granularity, granules: FxHashMap::default() },
+            mappings: Mappings { granularity, granules: SeqMap::default() },
             stream_clock_us: FxHashMap::default(),
             events: FxHashMap::default(),
             next_event: 1,
