@@ -1173,6 +1173,17 @@ fn warm_kept_output_loops_with_deviations_add_no_oom() {
     let (r, need, cap) = warm_kept_output_run(&kept_output_step(2, 1_393_666, 15_316_481), &devs, false);
     assert_eq!(r.ooms, 0, "OOM at {cap} bytes where defrag needs {need}: {:?}", r.a.stats());
     r.finish();
+    // A skipped activation in the first step: every later tensor of the
+    // step is freed a request late, its kept outputs in the next step too.
+    // The misses that follow must grow the dynamic path by their own pages
+    // (not by the 20 MiB segment the placement gives a 1 MiB tensor): a
+    // miss judged against a whole segment borrowed the range of the
+    // logits, planned at the step's peak, which then went beside the arena.
+    let mut devs = vec![vec![Dev::Skip(18)]];
+    devs.resize(8, vec![]);
+    let (r, need, cap) = warm_kept_output_run(&kept_output_step(3, 2_241_025, 17_521_665), &devs, false);
+    assert_eq!(r.ooms, 0, "OOM at {cap} bytes where defrag needs {need}: {:?}", r.a.stats());
+    r.finish();
     // An extra tensor at a step's start (no plan's first request) and a
     // replanned step one extra request longer that replaced the aliased
     // plan with a plain one of itself.

@@ -522,12 +522,13 @@ impl<D: Device> Allocator<D> {
                 (key.3, Some(key))
             }
             None => {
-                if let Some(served) = self.lend_idle_arena(req, p.segment) {
+                let segment = self.miss_segment(p.segment, p.rounded);
+                if let Some(served) = self.lend_idle_arena(req, segment) {
                     return Ok(served);
                 }
                 let g = grow::Growth {
                     pool: p.pool,
-                    segment: p.segment,
+                    segment,
                     rounded: p.rounded,
                     max_waste: p.decision.max_waste,
                     req: *req,

@@ -891,6 +891,7 @@ impl<D: Device> Allocator<D> {
             p.deviation_run = 0;
             self.stats.plan_hits += 1;
         } else {
+            tracing::trace!(request = p.current.len(), planned = ?planned, bytes = req.bytes, "plan miss");
             p.step_misses += 1;
             self.stats.plan_misses += 1;
             if !matches!(planned, Some((_, None))) {
@@ -1845,6 +1846,25 @@ impl<D: Device> Allocator<D> {
         }
     }
 
+    /// The segment the dynamic path grows by for a request of `rounded`
+    /// bytes the placement gave a segment of `segment` bytes: in a step a
+    /// plan serves, when the segment is paged, only the request's own pages.
+    /// The plan places nearly every request of the step: a whole segment
+    /// for a miss (a 20 MiB one for a 1 MiB tensor) would raise the peak by
+    /// memory no later request of the step uses, and would make borrowing
+    /// the arena's free space look cheaper than it is (a miss would displace
+    /// a planned request up to the segment's size, at the step's peak).
+    #[inline]
+    pub(super) fn miss_segment(&self, segment: u64, rounded: u64) -> u64 {
+        if !self.planning.as_ref().is_some_and(|p| p.active.is_some() && !p.installing) {
+            return segment;
+        }
+        match self.paged_page(segment) {
+            0 => segment,
+            page => crate::types::round_up(rounded, page).filter(|&least| least < segment).unwrap_or(segment),
+        }
+    }
+
     /// When the dynamic path would grow by `grow` bytes (after the first
     /// step): a block for `req` in the free space of the current arena (best
     /// fit), when the arena holds some tensor, and
@@ -1880,7 +1900,14 @@ impl<D: Device> Allocator<D> {
         let most = grow.max(size);
         let mut ranked: Vec<_> = displaced.into_iter().zip(fits).filter(|&(d, _)| d <= most).collect();
         ranked.sort_unstable();
-        ranked.into_iter().take(ALIAS_TRIES).find_map(|(_, (_, off))| self.take_range(last, off, size, req.stream))
+        let taken = ranked
+            .into_iter()
+            .take(ALIAS_TRIES)
+            .find_map(|(d, (_, off))| self.take_range(last, off, size, req.stream).map(|t| (t, d, off)));
+        if let Some((_, displaced, offset)) = taken {
+            tracing::trace!(bytes = req.bytes, grow, offset, displaced, "a miss borrows the arena");
+        }
+        taken.map(|(t, ..)| t)
     }
 
     /// What taking each of `fits` ((free block bytes, offset) in arena
