@@ -1288,3 +1288,50 @@ fn kept_output_loops_with_deviations_in_every_other_step_add_no_oom() {
         }
     }
 }
+
+/// A planner whose first plan is the built-in's and every later one valid
+/// but wasteful (an arena eight times the step's bytes: no peak allows it).
+struct GoodThenWasteful(usize);
+
+impl PlannerPolicy for GoodThenWasteful {
+    fn name(&self) -> &str {
+        "good-then-wasteful"
+    }
+    fn plan(&mut self, profile: &StepProfile, ctx: &PolicyContext) -> Result<Plan, PolicyError> {
+        self.0 += 1;
+        if self.0 == 1 {
+            Ok(wasmem::builtin::GreedyPlanner::plan_profile(profile))
+        } else {
+            // Every request a range of its own, eight times apart.
+            let p = Hostile("wasteful").plan(profile, ctx)?;
+            Ok(Plan { arena_bytes: 8 * p.arena_bytes, offsets: p.offsets.iter().map(|o| o.map(|o| 8 * o)).collect() })
+        }
+    }
+}
+
+#[test]
+fn a_replan_whose_arena_is_refused_leaves_the_plan_it_replaced_serving() {
+    // A step with an extra temporary in every layer is planned again; the
+    // new plan's arena cannot be installed beside the arena that holds the
+    // gradients live across the step end. The plan it replaced still
+    // serves that arena: the steps after it are served, not dynamic.
+    let template = training_step(4, 2 * MIB);
+    let odd: Vec<Vec<Dev>> = vec![(0..4).map(|l| Dev::Extra { at: 2 * l + 1, bytes: MIB }).collect()];
+    let deviating = ops(&template, &odd[0]);
+    let mut r = Run::with_planner(4 * GIB, Box::new(GoodThenWasteful(0)));
+    for _ in 0..4 {
+        r.step(&template);
+    }
+    let served = r.a.stats().plan_hits;
+    assert!(served > 0, "the first plan does not serve: {:?}", r.a.stats());
+    r.step(&deviating);
+    let before = r.a.stats();
+    for _ in 0..4 {
+        r.step(&template);
+    }
+    let s = r.a.stats().minus(&before);
+    assert!(r.a.stats().plan_refused >= 1, "the wasteful plan was not refused: {:?}", r.a.stats());
+    assert!(s.plan_hits >= 3 * template.len() as u64 - 2, "the steps after the refusal are not served: {s:?}");
+    assert_eq!(r.ooms, 0);
+    r.finish();
+}

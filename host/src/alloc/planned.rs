@@ -452,6 +452,15 @@ pub(crate) struct Planning {
     period: u32,
     /// In a planned step of two training steps: the first one ended.
     mid: bool,
+    /// The plan a new plan of its first request replaced while it could
+    /// serve the current arena as it is, where the new one needs another:
+    /// it comes back if the new one's arena is refused (an arena holding
+    /// tensors, as a kept-output loop's always does, leaves no room for
+    /// another beside it), instead of the steps going dynamic for good.
+    superseded: Option<StoredPlan>,
+    /// A superseded plan came back in this step: it is not planned again
+    /// at its end (the same plan would be refused again).
+    restored: bool,
 }
 
 /// A step whose requests live into the next step past the allocation of
@@ -508,6 +517,8 @@ impl Planning {
             kept_left: std::collections::HashMap::new(),
             period: 1,
             mid: false,
+            superseded: None,
+            restored: false,
         }
     }
 
@@ -524,6 +535,7 @@ impl Planning {
     /// Drops every stored plan and the step's use of one.
     fn forget_plans(&mut self) {
         self.plans.clear();
+        self.superseded = None;
         self.active = None;
         self.installing = false;
         self.matched.clear();
@@ -768,7 +780,12 @@ impl Planning {
     /// least recently used going first when [`MAX_PLANS`] are kept.
     fn store(&mut self, stored: StoredPlan) {
         if let Some(i) = self.plans.iter().position(|q| !q.first_only && q.keys.first() == stored.keys.first()) {
-            self.plans.remove(i);
+            let old = self.plans.remove(i);
+            let fits = |q: &StoredPlan| {
+                let (size, zone) = self.current_arena();
+                size > 0 && zone == q.zone && if zone > 0 { q.arena_bytes == size } else { q.arena_bytes <= size }
+            };
+            self.superseded = (fits(&old) && !fits(&stored)).then_some(old);
         } else if self.plans.len() >= MAX_PLANS {
             let lru = self.plans.iter().enumerate().min_by_key(|(_, q)| q.last_used).map(|(i, _)| i).expect("full");
             self.plans.remove(lru);
@@ -1133,6 +1150,7 @@ impl<D: Device> Allocator<D> {
             }
         }
         let (hits, misses) = (std::mem::take(&mut p.step_hits), std::mem::take(&mut p.step_misses));
+        let restored = std::mem::take(&mut p.restored);
         p.step_deviations = 0;
         p.deviation_run = 0;
         let served_plan = p.active.filter(|_| !p.installing);
@@ -1209,7 +1227,7 @@ impl<D: Device> Allocator<D> {
             if let Some(c) = p.cache.as_mut() {
                 c.dirty = true;
             }
-        } else if worth && !good && !futile {
+        } else if worth && !good && !futile && !restored {
             self.make_plan(&profile)?;
         }
         self.write_plan_cache()?;
@@ -1593,6 +1611,7 @@ impl<D: Device> Allocator<D> {
         }
         let p = self.planning.as_mut().expect("planning is on");
         p.trim_pending = true;
+        p.superseded = None;
         if kept > 0 {
             // Without it the persistent requests are misses (the dynamic path).
             if let Some(k) = self.new_arena(kept)? {
@@ -1778,9 +1797,18 @@ impl<D: Device> Allocator<D> {
             "the arena would raise the peak reserved memory; its steps stay dynamic"
         );
         let p = self.planning.as_mut().expect("planning is on");
-        p.refused_arena = p.refused_arena.min(want);
-        p.active = None;
+        let i = p.active.take().expect("a plan is being installed");
         p.matched.clear();
+        match p.superseded.take().filter(|old| old.keys.first() == p.plans[i].keys.first()) {
+            Some(old) => {
+                // The plan it replaced serves the arena there is: back, from
+                // the next step on (the arena was not refused for its size).
+                tracing::debug!(bytes = old.arena_bytes, "the plan it replaced serves on");
+                p.plans[i] = old;
+                p.restored = true;
+            }
+            None => p.refused_arena = p.refused_arena.min(want),
+        }
         false
     }
 
