@@ -12,7 +12,11 @@ forward returns (`out = model(...)`, as many Hugging Face loops do);
 `--varseq` draws each batch's sequence length from 1/4, 1/2, 3/4 or all of
 the model's (seeded); `--accum K` accumulates K micro-batches per optimizer
 step; `--eval-every N` runs a forward under `torch.no_grad()` after every
-N-th optimizer step.
+N-th optimizer step; `--checkpointing` recomputes activations in the
+backward (`gradient_checkpointing_enable`, eager attention); `--bf16` trains in bfloat16;
+`--optim sgd` uses SGD with momentum instead of AdamW; `--grads-kept`
+zeroes gradients in place (`zero_grad(set_to_none=False)`) instead of
+freeing them.
 
 Needs torch, transformers and the wasmem package (`pip install ./python`).
 """
@@ -57,6 +61,8 @@ SHAPES = {
     ),
     # BERT base, masked language modelling, batch 16 x 512
     "bert": (lambda: transformers.BertConfig(), (16, 512)),
+    # T5 small (encoder-decoder), batch 8, 512 tokens in, 128 out
+    "t5-small": (lambda: transformers.T5Config(decoder_start_token_id=0, pad_token_id=0), (8, 512)),
 }
 
 
@@ -69,6 +75,10 @@ def main():
     ap.add_argument("--varseq", action="store_true", help="a sequence length drawn per batch")
     ap.add_argument("--accum", type=int, default=1, metavar="K", help="micro-batches per optimizer step")
     ap.add_argument("--eval-every", type=int, default=0, metavar="N", help="a no-grad forward every N steps")
+    ap.add_argument("--checkpointing", action="store_true", help="recompute activations in the backward")
+    ap.add_argument("--bf16", action="store_true", help="train in bfloat16")
+    ap.add_argument("--optim", choices=["adamw", "sgd"], default="adamw")
+    ap.add_argument("--grads-kept", action="store_true", help="zero gradients in place instead of freeing them")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.steps < 1 or args.accum < 1 or args.eval_every < 0:
@@ -80,24 +90,48 @@ def main():
     with wt.Recorder(device="meta") as rec:
         if args.model == "bert":
             model = transformers.BertForMaskedLM(config)
+        elif args.model == "t5-small":
+            model = transformers.T5ForConditionalGeneration(config)
+        elif args.checkpointing:
+            # Without a KV cache (checkpointing turns it off), transformers'
+            # SDPA masks read tensors (`.item()`), which the meta device
+            # cannot: eager attention with an explicit mask does not.
+            model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
         else:
             model = transformers.AutoModelForCausalLM.from_config(config)
-        opt = torch.optim.AdamW(model.parameters())
+        if args.bf16:
+            model = model.to(torch.bfloat16)
+        if args.checkpointing:
+            model.gradient_checkpointing_enable()
+        model.train()
+        if args.optim == "sgd":
+            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        else:
+            opt = torch.optim.AdamW(model.parameters())
         rec.track(model, opt)
         out = None
         for step in range(args.steps):
             for _ in range(args.accum):
                 length = rng.choice([seq // 4, seq // 2, 3 * seq // 4, seq]) if args.varseq else seq
                 ids = torch.randint(0, config.vocab_size, (batch, length))
-                out = model(input_ids=ids, labels=ids)
+                if args.model == "t5-small":
+                    labels = torch.randint(0, config.vocab_size, (batch, max(length // 4, 1)))
+                    out = model(input_ids=ids, labels=labels)
+                elif args.checkpointing:
+                    out = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids)
+                else:
+                    out = model(input_ids=ids, labels=ids)
                 out.loss.backward()
                 if not args.keep_outputs:
                     out = None
             opt.step()
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=not args.grads_kept)
             if args.eval_every and (step + 1) % args.eval_every == 0:
                 with torch.no_grad():
-                    model(input_ids=ids, labels=ids)
+                    if args.model == "t5-small":
+                        model(input_ids=ids, labels=labels)
+                    else:
+                        model(input_ids=ids, labels=ids)
         del out
         rec.save(args.output)
     print(f"recorded {args.model}, {args.steps} steps, in {time.time() - t:.1f} s: {args.output}")

@@ -221,6 +221,7 @@ pub fn plan(handle: i64, options: &str) -> Result<Value, Failure> {
         "plans": usize::from(cached.first_step) + cached.steady,
         "steady_plans": cached.steady,
         "period": cached.period,
+        "unsteady": cached.unsteady,
         "steps": m.steps,
         "plan_arena_bytes": m.plan_arena_bytes,
         "plan_refused": m.plan_refused,

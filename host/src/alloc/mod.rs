@@ -652,6 +652,9 @@ impl<D: Device> Allocator<D> {
         if self.arena.pools[pool].planned {
             // An arena block: never in a free index.
             self.arena_block_freed(seg_idx, blk, was);
+            if b.size == seg.size {
+                self.release_suspended_arena(seg_idx)?;
+            }
             return Ok(());
         }
         let release = self.arena.pools[pool].release_when_empty && b.size == seg.size;

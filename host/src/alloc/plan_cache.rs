@@ -61,6 +61,10 @@ struct Header {
     /// Training steps per planned step after the first (1 or 2).
     #[serde(default = "one")]
     period: u32,
+    /// An earlier run found the training's steps unsteady (a step that left
+    /// its plan raised the peak): the next run does not plan.
+    #[serde(default)]
+    unsteady: bool,
     /// Plans in the file: the first-step plan (when there is one) then the others.
     plans: Vec<PlanFile>,
 }
@@ -135,6 +139,9 @@ pub(crate) struct CacheContent {
     pub first: Option<CachedPlan>,
     /// The other plans.
     pub plans: Vec<CachedPlan>,
+    /// The run that wrote it found the training's steps unsteady (it then
+    /// holds no plan): planned placement stays off in the next one.
+    pub unsteady: bool,
 }
 
 /// What a valid plan cache holds ([`check_plan_cache`]).
@@ -146,6 +153,9 @@ pub struct CacheSummary {
     pub steady: usize,
     /// Training steps per planned step after the first (1 or 2).
     pub period: u32,
+    /// A run of this training found its steps unsteady: the next run does
+    /// not plan (the file holds no plan).
+    pub unsteady: bool,
 }
 
 /// Reads and validates the plan cache at `path` as a run on a device of
@@ -157,6 +167,7 @@ pub fn check_plan_cache(path: &Path, capacity: u64, granularity: u64) -> Result<
         first_step: c.first.is_some(),
         steady: c.plans.len(),
         period: c.period.max(1),
+        unsteady: c.unsteady,
     }))
 }
 
@@ -198,7 +209,8 @@ impl CacheContent {
         if !(1..=2).contains(&h.period) {
             return Err(err(format!("field `period` is {}; it is 1 or 2", h.period)));
         }
-        let mut out = CacheContent { high_water: h.high_water, period: h.period, ..Default::default() };
+        let mut out =
+            CacheContent { high_water: h.high_water, period: h.period, unsteady: h.unsteady, ..Default::default() };
         for (i, f) in h.plans.into_iter().enumerate() {
             let at = |m: String| err(format!("plans[{i}]: {m}"));
             let (requests, offsets) = f
@@ -277,10 +289,13 @@ impl CacheContent {
     /// so that a reader never sees half a file).
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
         let mut out = Vec::new();
-        let header = serde_json::json!({
+        let mut header = serde_json::json!({
             "format": FORMAT, "version": VERSION, "align": PLAN_ALIGN, "high_water": self.high_water,
             "period": self.period.max(1),
         });
+        if self.unsteady {
+            header["unsteady"] = true.into();
+        }
         let header = header.to_string();
         // `{...,"plans":[` with the header's fields first.
         write!(out, "{},\"plans\":[", &header[..header.len() - 1])?;
@@ -335,7 +350,7 @@ mod tests {
             persistent: vec![],
             zone: 0,
         };
-        CacheContent { high_water: 1 << 30, period: 2, first: Some(first), plans: vec![steady] }
+        CacheContent { high_water: 1 << 30, period: 2, first: Some(first), plans: vec![steady], unsteady: false }
     }
 
     #[test]
@@ -370,7 +385,7 @@ mod tests {
             persistent: vec![],
             zone: 2 * mib,
         };
-        CacheContent { high_water: 1 << 30, period: 2, first: Some(first), plans: vec![pair] }
+        CacheContent { high_water: 1 << 30, period: 2, first: Some(first), plans: vec![pair], unsteady: false }
     }
 
     #[test]
@@ -406,6 +421,22 @@ mod tests {
         c.write(&path).unwrap();
         let e = CacheContent::read(&path, 5 << 20, 1 << 21).unwrap_err().to_string();
         assert!(e.contains("exceed"), "{e}");
+    }
+
+    #[test]
+    fn an_unsteady_mark_reads_back_without_plans() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plans.json");
+        let c = CacheContent { high_water: 1 << 30, period: 1, unsteady: true, ..Default::default() };
+        c.write(&path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("\"unsteady\":true") && text.contains("\"plans\":[]"), "{text}");
+        assert_eq!(CacheContent::read(&path, 1 << 40, 1 << 21).unwrap().unwrap(), c);
+        let summary = check_plan_cache(&path, 1 << 40, 1 << 21).unwrap().unwrap();
+        assert_eq!(summary, CacheSummary { first_step: false, steady: 0, period: 1, unsteady: true });
+        // A steady cache does not write the field.
+        sample().write(&path).unwrap();
+        assert!(!std::fs::read_to_string(&path).unwrap().contains("unsteady"));
     }
 
     #[test]

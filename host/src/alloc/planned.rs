@@ -82,6 +82,10 @@ const ALIAS_TRIES: usize = 64;
 /// an arena's free space (see [`Allocator::displaced`]).
 const LEND_HORIZON: u32 = 4096;
 
+/// Steps within which a second step that leaves its plan turns planned
+/// placement off (see [`Allocator::suspend_if_unsteady`]).
+const LEFT_AGAIN: u64 = 8;
+
 /// Name of the pool of planned arenas.
 pub const PLANNED_POOL: &str = "planned";
 
@@ -461,6 +465,16 @@ pub(crate) struct Planning {
     /// A superseded plan came back in this step: it is not planned again
     /// at its end (the same plan would be refused again).
     restored: bool,
+    /// This step left its plan (another step under the same first
+    /// request): the peak reserved and peak live bytes then.
+    left_peaks: Option<(u64, u64)>,
+    /// The step count at the end of the last step that left its plan.
+    last_left: Option<u64>,
+    /// Planned placement is off for the rest of the run: a step that left
+    /// its plan raised the peak reserved more than its live bytes (see
+    /// [`Allocator::suspend_if_unsteady`]), or the plan cache says an
+    /// earlier run of this training found so.
+    suspended: bool,
 }
 
 /// A step whose requests live into the next step past the allocation of
@@ -519,6 +533,9 @@ impl Planning {
             mid: false,
             superseded: None,
             restored: false,
+            left_peaks: None,
+            last_left: None,
+            suspended: false,
         }
     }
 
@@ -580,6 +597,10 @@ impl Planning {
     /// recently used one that starts with it and whose arena the device
     /// did not refuse.
     fn choose(&mut self, first: &AllocRequest) {
+        if self.suspended {
+            self.active = None;
+            return;
+        }
         let k = (first.bytes, first.kind, first.stream);
         let refused = self.refused_arena;
         let first_step = self.steps == 0;
@@ -644,6 +665,11 @@ impl Planning {
     /// with their own offsets.
     fn cache_content(&self) -> Option<CacheContent> {
         let c = self.cache.as_ref()?;
+        if self.suspended {
+            // No plan: the next run of this training stays dynamic too.
+            let high_water = self.high_water.max(self.cached_high_water);
+            return Some(CacheContent { high_water, period: self.period, unsteady: true, ..Default::default() });
+        }
         // Cached plans no step of this run used are of another training.
         let kept = |p: &&StoredPlan| !p.first_only && (p.used || !p.from_cache);
         let plans: Vec<CachedPlan> =
@@ -653,7 +679,7 @@ impl Planning {
         let served = self.plans.iter().any(|p| p.from_cache && p.used);
         let high_water = if served { self.high_water.max(self.cached_high_water) } else { self.high_water };
         let first = c.first.clone().map(|f| fitted_first(f, &plans));
-        Some(CacheContent { high_water, period: self.period, first, plans })
+        Some(CacheContent { high_water, period: self.period, first, plans, unsteady: false })
     }
 
     /// At the end of the step after a run's first one, when the first
@@ -826,6 +852,7 @@ impl<D: Device> Allocator<D> {
             (Some(p), Some(new)) => {
                 p.forget_plans();
                 p.refused_arena = u64::MAX;
+                p.suspended = false;
                 p.health.fresh_policy();
                 Some(std::mem::replace(&mut p.planner, new))
             }
@@ -943,6 +970,8 @@ impl<D: Device> Allocator<D> {
                 tracing::debug!(misses = p.step_deviations, "the step is not its plan's; left for the rest of it");
                 p.active = None;
                 p.matched.clear();
+                let b = &self.stats.bytes;
+                p.left_peaks.get_or_insert((b.peak_reserved_bytes, b.peak_live_bytes));
             }
         }
         Ok(served)
@@ -1137,6 +1166,17 @@ impl<D: Device> Allocator<D> {
         }
     }
 
+    /// With planning off ([`Allocator::suspend_if_unsteady`]): the arena of
+    /// segment `seg`, now entirely free, is released at once (the dynamic
+    /// path stitches cached pages before it grows, and would not release it).
+    #[cold]
+    pub(super) fn release_suspended_arena(&mut self, seg: u32) -> Result<(), AllocError> {
+        let Some(p) = self.planning.as_mut().filter(|p| p.suspended) else { return Ok(()) };
+        let Some(i) = p.arenas.iter().position(|a| a.seg == seg) else { return Ok(()) };
+        let a = p.arenas.remove(i);
+        self.release_arena(a)
+    }
+
     /// At a step end: closes the profile and plans it when needed; after the
     /// first step a new arena served, gives the dynamic cache back once.
     pub(super) fn plan_step_end(&mut self, step: u64) -> Result<(), AllocError> {
@@ -1202,6 +1242,7 @@ impl<D: Device> Allocator<D> {
             .plans
             .iter()
             .any(|q| q.keys.first() == first.as_ref() && q.known >= known && q.physical() >= p.refused_arena);
+        self.suspend_if_unsteady();
         if first_step {
             self.end_first_step(&profile, served_plan.filter(|_| good))?;
         }
@@ -1211,7 +1252,9 @@ impl<D: Device> Allocator<D> {
         self.release_planless_arena()?;
         let peak_live = self.stats.bytes.peak_live_bytes;
         let p = self.planning.as_mut().expect("planning is on");
-        if p.period == 1 && !first_step && double_bytes(&profile) * DOUBLE_SHARE >= peak_live.max(1) {
+        if p.suspended {
+            // Nothing to plan.
+        } else if p.period == 1 && !first_step && double_bytes(&profile) * DOUBLE_SHARE >= peak_live.max(1) {
             // Plans of one step would leave these requests dynamic: plan two
             // steps at a time from the next one (the one-step plans go).
             tracing::info!(
@@ -1241,6 +1284,46 @@ impl<D: Device> Allocator<D> {
             self.release_cached(&ReclaimDecision { trim: true, ..ReclaimDecision::all() })?;
         }
         self.release_free_retired()
+    }
+
+    /// At a step end: when the step left its plan (steps that start alike
+    /// differ later, e.g. micro-batches of drawn sequence lengths
+    /// accumulated into one optimizer step) and either the peak reserved
+    /// memory then rose by more than a page beyond the run's overhead at
+    /// that point applied to the peak live bytes (the arena held tensors
+    /// where the rest of the step could not use its free space), or a step
+    /// at most [`LEFT_AGAIN`] steps before left its plan too (the next one
+    /// may raise it: a step that leaves its plan late needs the arena and
+    /// the dynamic path beside it), a plan keyed by a step's first request
+    /// cannot serve such a training. Planned placement is then off for the rest of the run (the
+    /// plans go, the arena is released once free: the run goes on as its
+    /// dynamic path alone would), and the plan cache says so, so that the
+    /// next run does not plan either.
+    fn suspend_if_unsteady(&mut self) {
+        let g = self.device.granularity();
+        let (res, live) = (self.stats.bytes.peak_reserved_bytes, self.stats.bytes.peak_live_bytes);
+        let Some(p) = self.planning.as_mut() else { return };
+        let Some((res0, live0)) = p.left_peaks.take() else { return };
+        // Reserved beyond the overhead the run had when the plan was left,
+        // applied to the peak live bytes now (more than a page).
+        let expected = u128::from(res0) * u128::from(live) / u128::from(live0.max(1));
+        let raised = u128::from(res) > expected + u128::from(g);
+        let again = p.last_left.replace(p.steps).filter(|&s| p.steps - s <= LEFT_AGAIN);
+        if !raised && again.is_none() {
+            return;
+        }
+        tracing::warn!(
+            reserved = res,
+            expected = expected as u64,
+            steps_since_last_left = again.map(|s| p.steps - s),
+            "steps that start alike differ later (a step left its plan and raised the peak reserved memory, or left \
+             it again): planned placement is off for the rest of the run"
+        );
+        p.suspended = true;
+        p.forget_plans();
+        if let Some(c) = p.cache.as_mut() {
+            c.dirty = true;
+        }
     }
 
     /// At the end of a run's first step, with a plan cache: its plan was
@@ -1286,7 +1369,7 @@ impl<D: Device> Allocator<D> {
             return Ok(());
         }
         if let Some((profile, persistent)) =
-            p.first_for_planning().filter(|_| p.cache.as_ref().is_some_and(|c| c.first_stale))
+            p.first_for_planning().filter(|_| !p.suspended && p.cache.as_ref().is_some_and(|c| c.first_stale))
         {
             // (The planner sees the step as it plans it: what it leaves
             // live is live to its end, whenever a later step freed it.)
@@ -1507,6 +1590,17 @@ impl<D: Device> Allocator<D> {
             written: false,
         }));
         let Some(mut content) = content else { return Ok(0) };
+        if content.unsteady {
+            tracing::warn!(
+                path = %path.display(),
+                "plan cache: an earlier run of this training found its steps unsteady (a step that left its plan \
+                 raised the peak reserved memory); planned placement stays off (delete the file to learn again)"
+            );
+            p.forget_plans();
+            p.suspended = true;
+            p.cached_high_water = content.high_water;
+            return Ok(0);
+        }
         if content.plans.is_empty() {
             // No plan for the steps after the first: a step arena would be
             // held by what the first step leaves live while those steps
@@ -1907,7 +2001,8 @@ impl<D: Device> Allocator<D> {
     /// Planned ranges are taken only when free, so a later request of the
     /// plan finds a tensor served here as a deviation, never under its own.
     pub(super) fn lend_idle_arena(&mut self, req: &AllocRequest, grow: u64) -> Option<(u32, u32)> {
-        let p = self.planning.as_ref().filter(|p| p.steps > 0)?;
+        // (Planning off: the arena must empty, to be released, not fill.)
+        let p = self.planning.as_ref().filter(|p| p.steps > 0 && !p.suspended)?;
         let last = p.arenas.len().checked_sub(1)?;
         let arena = &p.arenas[last];
         if Some(arena.seg) == p.kept_seg || self.arena_is_free(arena.seg) {
