@@ -466,8 +466,12 @@ pub(crate) struct Planning {
     /// at its end (the same plan would be refused again).
     restored: bool,
     /// This step left its plan (another step under the same first
-    /// request): the peak reserved and peak live bytes then.
+    /// request): the peak reserved and peak live bytes at the first of the
+    /// deviations in a row that made it leave.
     left_peaks: Option<(u64, u64)>,
+    /// The peak reserved and peak live bytes at the first of the current
+    /// deviations in a row (what a step that leaves its plan is held to).
+    run_peaks: (u64, u64),
     /// The step count at the end of the last step that left its plan.
     last_left: Option<u64>,
     /// Planned placement is off for the rest of the run: a step that left
@@ -534,6 +538,7 @@ impl Planning {
             superseded: None,
             restored: false,
             left_peaks: None,
+            run_peaks: (0, 0),
             last_left: None,
             suspended: false,
         }
@@ -939,6 +944,9 @@ impl<D: Device> Allocator<D> {
             p.step_misses += 1;
             self.stats.plan_misses += 1;
             if !matches!(planned, Some((_, None))) {
+                if p.deviation_run == 0 {
+                    p.run_peaks = (self.stats.bytes.peak_reserved_bytes, self.stats.bytes.peak_live_bytes);
+                }
                 p.step_deviations += 1;
                 p.deviation_run += 1;
             }
@@ -970,8 +978,7 @@ impl<D: Device> Allocator<D> {
                 tracing::debug!(misses = p.step_deviations, "the step is not its plan's; left for the rest of it");
                 p.active = None;
                 p.matched.clear();
-                let b = &self.stats.bytes;
-                p.left_peaks.get_or_insert((b.peak_reserved_bytes, b.peak_live_bytes));
+                p.left_peaks.get_or_insert(p.run_peaks);
             }
         }
         Ok(served)
@@ -1304,7 +1311,8 @@ impl<D: Device> Allocator<D> {
         let (res, live) = (self.stats.bytes.peak_reserved_bytes, self.stats.bytes.peak_live_bytes);
         let Some(p) = self.planning.as_mut() else { return };
         let Some((res0, live0)) = p.left_peaks.take() else { return };
-        // Reserved beyond the overhead the run had when the plan was left,
+        // Reserved beyond the overhead the run had when the step began to
+        // deviate,
         // applied to the peak live bytes now (more than a page).
         let expected = u128::from(res0) * u128::from(live) / u128::from(live0.max(1));
         let raised = u128::from(res) > expected + u128::from(g);
