@@ -212,7 +212,9 @@ class Recorder:
         the dynamic path; a run that differs more learns its plans and
         replaces the file. Returns the planning run's figures (``plans``,
         ``steady_plans`` — none: the steps after the first learn on the
-        device —, ``period``, ``plan_refused``, ``plan_arena_bytes``,
+        device —, ``period``, ``unsteady`` — true: steps that start alike
+        differ later, the file holds no plan and the live run stays
+        dynamic —, ``plan_refused``, ``plan_arena_bytes``,
         ``peak_live_bytes`` …).
         """
         if self._h is None:
