@@ -141,10 +141,19 @@ impl Run {
 
     /// Runs one step of `reqs`; returns the stats the step added.
     fn step(&mut self, reqs: &[Req]) -> Stats {
+        self.step_marked(reqs, &[])
+    }
+
+    /// [`Run::step`] with a `forward` phase mark before each request of
+    /// `forwards` (by index).
+    fn step_marked(&mut self, reqs: &[Req], forwards: &[usize]) -> Stats {
         let before = self.a.stats();
         let n = reqs.len();
         for (k, r) in reqs.iter().enumerate() {
             self.free_due(k);
+            if forwards.contains(&k) {
+                self.a.phase(Phase::Forward, self.step).unwrap();
+            }
             match self.a.alloc(r.bytes, r.kind, StreamId(0)) {
                 Ok(id) => {
                     self.seed += 1;
@@ -1378,6 +1387,36 @@ fn accumulated_step(layers: usize, l1: u64, l2: u64) -> Vec<Req> {
     reqs
 }
 
+/// Sequence lengths drawn from 256, 512, 768 and 1024 (xorshift from `seed`).
+fn drawn_lengths(seed: u64) -> impl FnMut() -> u64 {
+    let lens = [1u64, 4, 2, 3];
+    let mut x = seed;
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        lens[(x % 4) as usize] * 256
+    }
+}
+
+/// Runs `steps` under `policy` (with the plan cache `cache`, a `forward`
+/// mark before the requests of `marks`): the run's stats and each step's.
+fn run_steps(
+    steps: &[Vec<Req>],
+    policy: &str,
+    cache: Option<&std::path::Path>,
+    marks: &[usize],
+) -> (Stats, Vec<Stats>) {
+    let mut r = Run::new(policy, 4 * GIB);
+    if let Some(p) = cache {
+        r.a.use_plan_cache(p).unwrap();
+    }
+    let per: Vec<Stats> = steps.iter().map(|s| r.step_marked(s, marks)).collect();
+    let s = r.a.stats();
+    r.finish();
+    (s, per)
+}
+
 #[test]
 fn accumulated_micro_batches_of_drawn_lengths_turn_planning_off() {
     // Steps that start alike (the first micro-batch's length) and differ
@@ -1387,25 +1426,10 @@ fn accumulated_micro_batches_of_drawn_lengths_turn_planning_off() {
     // left its plan and raised the peak, or two did, planning is off for
     // the rest of the run, and the plan cache says so: the next run is
     // `defrag`'s.
-    let lens = [1u64, 4, 2, 3];
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let mut draw = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        lens[(x % 4) as usize] * 256
-    };
+    let mut draw = drawn_lengths(0x2545_f491_4f6c_dd1d);
     let steps: Vec<Vec<Req>> = (0..16).map(|_| accumulated_step(6, draw(), draw())).collect();
-    let run = |steps: &[Vec<Req>], policy: &str, cache: Option<&std::path::Path>| {
-        let mut r = Run::new(policy, 4 * GIB);
-        if let Some(p) = cache {
-            r.a.use_plan_cache(p).unwrap();
-        }
-        let per: Vec<Stats> = steps.iter().map(|s| r.step(s)).collect();
-        let s = r.a.stats();
-        r.finish();
-        (s, per)
-    };
+    // (No phase marks: see the next test for what they tell.)
+    let run = |steps: &[Vec<Req>], policy: &str, cache: Option<&std::path::Path>| run_steps(steps, policy, cache, &[]);
     let (defrag, _) = run(&steps, "defrag", None);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("plans.json");
@@ -1425,4 +1449,77 @@ fn accumulated_micro_batches_of_drawn_lengths_turn_planning_off() {
     let (s, per) = run(&steady, "planned", None);
     assert!(per[4..].iter().all(|d| d.plan_misses == 0 && d.plan_hits > 0), "{per:?}");
     assert!(s.bytes.peak_reserved_bytes <= run(&steady, "defrag", None).0.bytes.peak_reserved_bytes, "{s:?}");
+}
+
+/// The start of each micro-batch of an [`accumulated_step`] (where its
+/// forward pass begins): the first request and the one after the first
+/// micro-batch's last.
+fn micro_batch_starts(layers: usize) -> [usize; 2] {
+    // Input, an activation and a temporary per layer, a gradient and a
+    // temporary per layer.
+    [0, 1 + 2 * layers + 2 * layers]
+}
+
+#[test]
+fn forward_passes_of_changing_shapes_turn_planning_off_before_a_plan_serves() {
+    // The phase marks tell what a plan keyed by a step's first request
+    // cannot: the micro-batches of a step have different shapes, and the
+    // later ones change from step to step. Planning is off before any
+    // plan serves such a step (no step is left midway): the run, cold
+    // too, is `defrag`'s.
+    let mut draw = drawn_lengths(0x9e37_79b9_7f4a_7c15);
+    let marks = micro_batch_starts(6);
+    let run =
+        |steps: &[Vec<Req>], policy: &str, cache: Option<&std::path::Path>| run_steps(steps, policy, cache, &marks);
+    let mut pairs: Vec<(u64, u64)> = Vec::new();
+    while pairs.len() < 16 {
+        let (a, b) = (draw(), draw());
+        // Mixed steps (the micro-batches differ), of changing shapes.
+        if a != b {
+            pairs.push((a, b));
+        }
+    }
+    let steps: Vec<Vec<Req>> = pairs.iter().map(|&(a, b)| accumulated_step(6, a, b)).collect();
+    let (defrag, _) = run(&steps, "defrag", None);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plans.json");
+    let (cold, per) = run(&steps, "planned", Some(&path));
+    assert!(per.iter().all(|d| d.plan_hits == 0 && d.plan_misses == 0), "{per:?}");
+    assert_eq!(cold.bytes.peak_reserved_bytes, defrag.bytes.peak_reserved_bytes, "{cold:?}");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("\"unsteady\":true"), "{text}");
+    // Micro-batches of one drawn length per step: the first request tells
+    // the step; it stays planned.
+    let same: Vec<Vec<Req>> = pairs.iter().map(|&(a, _)| accumulated_step(6, a, a)).collect();
+    let path = dir.path().join("same.json");
+    let (s, per) = run(&same, "planned", Some(&path));
+    assert!(per[8..].iter().any(|d| d.plan_hits > 0), "{per:?}");
+    assert!(!std::fs::read_to_string(&path).unwrap().contains("unsteady"));
+    assert!(s.bytes.peak_reserved_bytes <= run(&same, "defrag", None).0.bytes.peak_reserved_bytes, "{s:?}");
+    // Micro-batches of different fixed shapes, and an evaluation forward
+    // of another shape before every other step: the shapes repeat, the
+    // steps stay planned.
+    let mut eval = vec![Req { bytes: 2048 * 64, kind: TensorKind::Other, free_at: 0 }];
+    for l in 0..6u64 {
+        eval.push(Req { bytes: 2048 * 64 * KIB + l * 4 * KIB, kind: TensorKind::Temp, free_at: 0 });
+    }
+    let n = eval.len();
+    for r in eval.iter_mut() {
+        r.free_at = n;
+    }
+    let mut r = Run::new("planned", 4 * GIB);
+    let mut per = Vec::new();
+    let train = accumulated_step(6, 512, 1024);
+    for k in 0..12 {
+        if k % 2 == 0 {
+            let mut step = eval.clone();
+            step.extend(train.iter().map(|q| Req { free_at: q.free_at + n, ..*q }));
+            let m = [0, n + marks[0], n + marks[1]];
+            per.push(r.step_marked(&step, &m));
+        } else {
+            per.push(r.step_marked(&train, &marks));
+        }
+    }
+    assert!(per[6..].iter().all(|d| d.plan_hits > 0 && d.plan_misses == 0), "{per:?}");
+    r.finish();
 }

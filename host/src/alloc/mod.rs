@@ -533,7 +533,15 @@ impl<D: Device> Allocator<D> {
                     max_waste: p.decision.max_waste,
                     req: *req,
                 };
-                (self.grow_or_evict(&g)?, None)
+                let blk = self.grow_or_evict(&g)?;
+                tracing::trace!(
+                    bytes = req.bytes,
+                    reserved = self.stats.bytes.reserved_bytes,
+                    peak = self.stats.bytes.peak_reserved_bytes,
+                    live = self.stats.bytes.live_bytes,
+                    "the dynamic path grows"
+                );
+                (blk, None)
             }
         };
         // Split off the remainder when the decision says so; a cached block's
@@ -710,6 +718,7 @@ impl<D: Device> Allocator<D> {
         }
         let old = self.phase.replace(phase);
         self.step = step;
+        self.plan_phase(phase);
         self.run_reclaim(&ReclaimTrigger::Phase { phase, step })?;
         if phase == Phase::StepEnd {
             self.plan_step_end(step)?;

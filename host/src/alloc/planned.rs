@@ -475,10 +475,23 @@ pub(crate) struct Planning {
     /// The step count at the end of the last step that left its plan.
     last_left: Option<u64>,
     /// Planned placement is off for the rest of the run: a step that left
-    /// its plan raised the peak reserved more than its live bytes (see
+    /// its plan raised the peak reserved more than its live bytes, or the
+    /// later forward passes of steps change shape (see
     /// [`Allocator::suspend_if_unsteady`]), or the plan cache says an
     /// earlier run of this training found so.
     suspended: bool,
+    /// This step's forward passes (phase marks), by the largest request
+    /// each allocated: a step's shapes ([`Planning::note_shapes`]).
+    forwards: Vec<u64>,
+    /// A forward pass of this step is running (the last phase mark).
+    in_forward: bool,
+    /// The shapes of the forward passes of the first step seen with each
+    /// number of them (two or more; at most [`SHAPE_KINDS`] numbers kept).
+    shapes: Vec<Vec<u64>>,
+    /// Two steps of as many forward passes differed in a later one's
+    /// shape, one of them mixed: the first request of a step does not tell
+    /// the rest ([`Planning::note_shapes`]).
+    shapes_vary: bool,
 }
 
 /// A step whose requests live into the next step past the allocation of
@@ -488,6 +501,10 @@ pub(crate) struct Planning {
 /// live bytes, steps are planned two at a time (each instance then has its
 /// own offset).
 const DOUBLE_SHARE: u64 = 200;
+
+/// Numbers of forward passes per step whose shapes are compared (see
+/// [`Planning::note_shapes`]).
+const SHAPE_KINDS: usize = 4;
 
 impl std::fmt::Debug for Planning {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -541,6 +558,10 @@ impl Planning {
             run_peaks: (0, 0),
             last_left: None,
             suspended: false,
+            forwards: Vec::new(),
+            in_forward: false,
+            shapes: Vec::new(),
+            shapes_vary: false,
         }
     }
 
@@ -639,6 +660,11 @@ impl Planning {
 
     /// Records an allocation of this step.
     fn record_alloc(&mut self, id: TensorId, bytes: u64, kind: TensorKind, stream: StreamId) {
+        if self.in_forward {
+            if let Some(m) = self.forwards.last_mut() {
+                *m = (*m).max(bytes);
+            }
+        }
         let k = self.current.len() as u32;
         self.current.push(PlanRequest { bytes, kind, stream, freed_at: None, wraps_to: None });
         self.live.insert(id, k);
@@ -787,6 +813,43 @@ impl Planning {
             if r.freed_at.is_none() && !by_position(k, r) {
                 r.wraps_to = ends.get_mut(&key(r)).and_then(|q| q.pop_front());
             }
+        }
+    }
+
+    /// At a training step's end: its forward passes' shapes (the largest
+    /// request of each). A step of several forward passes of different
+    /// shapes (micro-batches of drawn sequence lengths accumulated into one
+    /// optimizer step, an evaluation forward before the training one) is
+    /// *mixed*; when two steps of as many forward passes, one of them
+    /// mixed, differ in the shape of a later one (not an evaluation forward
+    /// of another batch size before each training one: that repeats), the
+    /// first request of a step (what chooses its plan) does not tell the
+    /// rest of it: a step would follow its plan through
+    /// its first forward pass and leave it in the middle, with the arena
+    /// holding tensors (the gradients) where the rest of the step cannot
+    /// use its free space. Found so from phase marks alone, before any
+    /// plan serves such a step (see [`Allocator::suspend_if_unsteady`]).
+    fn note_shapes(&mut self) {
+        self.in_forward = false;
+        let f = &self.forwards;
+        if f.len() >= 2 {
+            let mixed = |s: &[u64]| s.iter().any(|&m| m != s[0]);
+            match self.shapes.iter().find(|s| s.len() == f.len()) {
+                Some(s) => self.shapes_vary |= s[1..] != f[1..] && (mixed(s) || mixed(f)),
+                None if self.shapes.len() < SHAPE_KINDS => self.shapes.push(f.clone()),
+                None => {}
+            }
+        }
+        self.forwards.clear();
+    }
+
+    /// Drops the plans and turns planned placement off for the rest of
+    /// the run (the plan cache is written so).
+    fn suspend(&mut self) {
+        self.suspended = true;
+        self.forget_plans();
+        if let Some(c) = self.cache.as_mut() {
+            c.dirty = true;
         }
     }
 
@@ -1150,6 +1213,17 @@ impl<D: Device> Allocator<D> {
         }
     }
 
+    /// Notes a phase mark (forward passes tell a step's shapes).
+    #[inline]
+    pub(super) fn plan_phase(&mut self, phase: crate::types::Phase) {
+        if let Some(p) = self.planning.as_mut() {
+            p.in_forward = phase == crate::types::Phase::Forward;
+            if p.in_forward {
+                p.forwards.push(0);
+            }
+        }
+    }
+
     /// Records a free in the profile.
     #[inline]
     pub(super) fn plan_record_free(&mut self, id: TensorId) {
@@ -1189,6 +1263,7 @@ impl<D: Device> Allocator<D> {
     pub(super) fn plan_step_end(&mut self, step: u64) -> Result<(), AllocError> {
         let Some(p) = self.planning.as_mut() else { return Ok(()) };
         p.high_water = p.high_water.max(self.stats.bytes.peak_reserved_bytes);
+        p.note_shapes();
         if p.period > 1 && p.steps > 0 {
             // The first training step of a planned step of two ends.
             p.mid = !p.mid;
@@ -1302,14 +1377,25 @@ impl<D: Device> Allocator<D> {
     /// at most [`LEFT_AGAIN`] steps before left its plan too (the next one
     /// may raise it: a step that leaves its plan late needs the arena and
     /// the dynamic path beside it), a plan keyed by a step's first request
-    /// cannot serve such a training. Planned placement is then off for the rest of the run (the
-    /// plans go, the arena is released once free: the run goes on as its
-    /// dynamic path alone would), and the plan cache says so, so that the
-    /// next run does not plan either.
+    /// cannot serve such a training. So too, before any such step, when the
+    /// phase marks show it: two steps of several forward passes of
+    /// different shapes differ in their later ones ([`Planning::note_shapes`]).
+    /// Planned placement is then off for the rest of the run (the plans
+    /// go, the arena is released once free: the run goes on as its dynamic
+    /// path alone would), and the plan cache says so, so that the next run
+    /// does not plan either.
     fn suspend_if_unsteady(&mut self) {
         let g = self.device.granularity();
         let (res, live) = (self.stats.bytes.peak_reserved_bytes, self.stats.bytes.peak_live_bytes);
-        let Some(p) = self.planning.as_mut() else { return };
+        let Some(p) = self.planning.as_mut().filter(|p| !p.suspended) else { return };
+        if p.shapes_vary {
+            tracing::warn!(
+                "steps that start alike differ later (the later forward passes of a step change shape from step to \
+                 step): planned placement is off for the rest of the run"
+            );
+            p.suspend();
+            return;
+        }
         let Some((res0, live0)) = p.left_peaks.take() else { return };
         // Reserved beyond the overhead the run had when the step began to
         // deviate,
@@ -1327,11 +1413,7 @@ impl<D: Device> Allocator<D> {
             "steps that start alike differ later (a step left its plan and raised the peak reserved memory, or left \
              it again): planned placement is off for the rest of the run"
         );
-        p.suspended = true;
-        p.forget_plans();
-        if let Some(c) = p.cache.as_mut() {
-            c.dirty = true;
-        }
+        p.suspend();
     }
 
     /// At the end of a run's first step, with a plan cache: its plan was
