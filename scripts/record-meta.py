@@ -12,7 +12,9 @@ forward returns (`out = model(...)`, as many Hugging Face loops do);
 `--varseq` draws each batch's sequence length from 1/4, 1/2, 3/4 or all of
 the model's (seeded); `--accum K` accumulates K micro-batches per optimizer
 step; `--eval-every N` runs a forward under `torch.no_grad()` after every
-N-th optimizer step; `--checkpointing` recomputes activations in the
+N-th optimizer step (on the last training batch, or with `--eval-batches K`
+on K held-out batches, the same at every evaluation: a fixed evaluation
+set, its lengths drawn once with `--varseq`); `--checkpointing` recomputes activations in the
 backward (`gradient_checkpointing_enable`, eager attention); `--bf16` trains in bfloat16;
 `--optim sgd` uses SGD with momentum instead of AdamW; `--grads-kept`
 zeroes gradients in place (`zero_grad(set_to_none=False)`) instead of
@@ -75,17 +77,22 @@ def main():
     ap.add_argument("--varseq", action="store_true", help="a sequence length drawn per batch")
     ap.add_argument("--accum", type=int, default=1, metavar="K", help="micro-batches per optimizer step")
     ap.add_argument("--eval-every", type=int, default=0, metavar="N", help="a no-grad forward every N steps")
+    ap.add_argument("--eval-batches", type=int, default=0, metavar="K", help="evaluate K held-out batches")
     ap.add_argument("--checkpointing", action="store_true", help="recompute activations in the backward")
     ap.add_argument("--bf16", action="store_true", help="train in bfloat16")
     ap.add_argument("--optim", choices=["adamw", "sgd"], default="adamw")
     ap.add_argument("--grads-kept", action="store_true", help="zero gradients in place instead of freeing them")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    if args.steps < 1 or args.accum < 1 or args.eval_every < 0:
-        ap.error("steps and --accum must be at least 1, --eval-every at least 0")
+    if args.steps < 1 or args.accum < 1 or args.eval_every < 0 or args.eval_batches < 0:
+        ap.error("steps and --accum must be at least 1, --eval-every and --eval-batches at least 0")
     make_config, (batch, seq) = SHAPES[args.model]
     config = make_config()
     rng = random.Random(args.seed)
+    held = random.Random(args.seed + 1)
+    eval_lengths = [
+        held.choice([seq // 4, seq // 2, 3 * seq // 4, seq]) if args.varseq else seq for _ in range(args.eval_batches)
+    ]
     t = time.time()
     with wt.Recorder(device="meta") as rec:
         if args.model == "bert":
@@ -128,10 +135,15 @@ def main():
             opt.zero_grad(set_to_none=not args.grads_kept)
             if args.eval_every and (step + 1) % args.eval_every == 0:
                 with torch.no_grad():
-                    if args.model == "t5-small":
-                        model(input_ids=ids, labels=labels)
-                    else:
-                        model(input_ids=ids, labels=ids)
+                    batches = [(ids, labels if args.model == "t5-small" else ids)]
+                    if eval_lengths:
+                        batches = []
+                        for length in eval_lengths:
+                            e = torch.randint(0, config.vocab_size, (batch, length))
+                            t5 = args.model == "t5-small"
+                            batches.append((e, torch.randint(0, config.vocab_size, (batch, max(length // 4, 1))) if t5 else e))
+                    for e, lab in batches:
+                        model(input_ids=e, labels=lab)
         del out
         rec.save(args.output)
     print(f"recorded {args.model}, {args.steps} steps, in {time.time() - t:.1f} s: {args.output}")

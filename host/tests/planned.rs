@@ -1522,4 +1522,54 @@ fn forward_passes_of_changing_shapes_turn_planning_off_before_a_plan_serves() {
     }
     assert!(per[6..].iter().all(|d| d.plan_hits > 0 && d.plan_misses == 0), "{per:?}");
     r.finish();
+    // Steps of one forward pass of drawn lengths, and every third one
+    // after an evaluation forward: a training forward of drawn length
+    // after it, which a plan keyed by the evaluation's first request
+    // cannot tell. Planning is off from the first such step's end, before
+    // a plan served one.
+    // (Long enough for the gradients freed in the next step to be at most
+    // 1 in 100 of its requests: such a step is planned.)
+    let mut eval = vec![Req { bytes: 2048 * 64, kind: TensorKind::Other, free_at: 0 }];
+    for l in 0..6u64 {
+        eval.push(Req { bytes: 2048 * 64 * KIB + l * 4 * KIB, kind: TensorKind::Temp, free_at: 0 });
+        for t in 0..100 {
+            let k = eval.len();
+            eval.push(Req { bytes: 256 * KIB + t * 512, kind: TensorKind::Temp, free_at: k + 1 });
+        }
+    }
+    let n = eval.len();
+    for r in eval.iter_mut().filter(|r| r.free_at == 0) {
+        r.free_at = n;
+    }
+    let mut draw = drawn_lengths(0x2545_f491_4f6c_dd1d);
+    let mut lens = vec![256u64, 512];
+    lens.extend((2..15).map(|_| draw()));
+    let steps: Vec<(Vec<Req>, Vec<usize>)> = lens
+        .iter()
+        .enumerate()
+        .map(|(k, &len)| {
+            let train = training_step(6, len * 4 * KIB);
+            if k % 3 != 2 {
+                return (train, vec![0]);
+            }
+            let mut step = eval.clone();
+            step.extend(train.iter().map(|q| Req { free_at: q.free_at + n, ..*q }));
+            (step, vec![0, n])
+        })
+        .collect();
+    let run = |policy: &str, cache: Option<&std::path::Path>| {
+        let mut r = Run::new(policy, 4 * GIB);
+        if let Some(p) = cache {
+            r.a.use_plan_cache(p).unwrap();
+        }
+        let per: Vec<Stats> = steps.iter().map(|(s, m)| r.step_marked(s, m)).collect();
+        let s = r.a.stats();
+        r.finish();
+        (s, per)
+    };
+    let path = dir.path().join("eval.json");
+    let (cold, per) = run("planned", Some(&path));
+    assert!(per.iter().all(|d| d.plan_hits == 0), "{per:?}");
+    assert_eq!(cold.bytes.peak_reserved_bytes, run("defrag", None).0.bytes.peak_reserved_bytes, "{cold:?}");
+    assert!(std::fs::read_to_string(&path).unwrap().contains("\"unsteady\":true"));
 }

@@ -488,6 +488,9 @@ pub(crate) struct Planning {
     /// The shapes of the forward passes of the first step seen with each
     /// number of them (two or more; at most [`SHAPE_KINDS`] numbers kept).
     shapes: Vec<Vec<u64>>,
+    /// Distinct shapes of the steps of one forward pass (at most
+    /// [`SHAPE_KINDS`] kept).
+    single: Vec<u64>,
     /// Two steps of as many forward passes differed in a later one's
     /// shape, one of them mixed: the first request of a step does not tell
     /// the rest ([`Planning::note_shapes`]).
@@ -561,6 +564,7 @@ impl Planning {
             forwards: Vec::new(),
             in_forward: false,
             shapes: Vec::new(),
+            single: Vec::new(),
             shapes_vary: false,
         }
     }
@@ -822,7 +826,10 @@ impl Planning {
     /// optimizer step, an evaluation forward before the training one) is
     /// *mixed*; when two steps of as many forward passes, one of them
     /// mixed, differ in the shape of a later one (not an evaluation forward
-    /// of another batch size before each training one: that repeats), the
+    /// of another batch size before each training one: that repeats), or a
+    /// later forward pass of a mixed step has one of the shapes that steps
+    /// of one forward pass took, and they took several (a training forward
+    /// of drawn length after evaluation ones), the
     /// first request of a step (what chooses its plan) does not tell the
     /// rest of it: a step would follow its plan through
     /// its first forward pass and leave it in the middle, with the arena
@@ -832,13 +839,23 @@ impl Planning {
     fn note_shapes(&mut self) {
         self.in_forward = false;
         let f = &self.forwards;
-        if f.len() >= 2 {
-            let mixed = |s: &[u64]| s.iter().any(|&m| m != s[0]);
+        let mixed = |s: &[u64]| s.iter().any(|&m| m != s[0]);
+        if let [one] = f[..] {
+            if self.single.len() < SHAPE_KINDS && !self.single.contains(&one) {
+                self.single.push(one);
+            }
+        } else if f.len() >= 2 {
             match self.shapes.iter().find(|s| s.len() == f.len()) {
                 Some(s) => self.shapes_vary |= s[1..] != f[1..] && (mixed(s) || mixed(f)),
                 None if self.shapes.len() < SHAPE_KINDS => self.shapes.push(f.clone()),
                 None => {}
             }
+        }
+        // (Against every mixed step seen: the shapes of steps of one
+        // forward pass may vary only after it.)
+        let drawn = |s: &Vec<u64>| mixed(s) && s[1..].iter().any(|m| self.single.contains(m));
+        if self.single.len() >= 2 && (drawn(f) || self.shapes.iter().any(drawn)) {
+            self.shapes_vary = true;
         }
         self.forwards.clear();
     }
