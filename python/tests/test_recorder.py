@@ -246,6 +246,35 @@ def test_plan_ahead_plans_the_first_live_run_from_its_first_request(tmp_path):
     print("plan ahead:", figures, "first live run:", {k: first[k] for k in ("device_alloc_calls", "plan_hits", "plan_misses")}, "cold:", {k: cold[k] for k in ("device_alloc_calls", "plan_hits", "plan_misses")})
 
 
+def test_plan_ahead_marks_accumulated_micro_batches_of_changing_lengths_unsteady(tmp_path):
+    # Two micro-batches per optimizer step, of lengths that differ within a
+    # step and change from step to step: a step's first request does not
+    # tell the rest of it (the forward marks of `track()` show it; the
+    # engine's tests check which rule finds it when), so the cache says so
+    # and the next run stays dynamic from its start.
+    trace, cache = tmp_path / "accum.jsonl.gz", tmp_path / "plans.json"
+    figures = last_json(run_py(f"""
+import json, torch, transformers
+from wasmem.torch import Recorder
+pairs = [(16, 48), (32, 64), (64, 16), (48, 32), (16, 64), (32, 48), (64, 32), (48, 16)]
+with Recorder(device="meta") as rec:
+    model = {MODELS["gpt2"]}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    rec.track(model, opt)
+    for pair in pairs:
+        for length in pair:
+            ids = torch.randint(0, 1000, (2, length))
+            model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    rec.save({str(trace)!r})
+    figures = rec.plan_ahead({str(cache)!r}, capacity="1GiB")
+print(json.dumps(figures))
+"""))
+    assert figures["unsteady"] is True and figures["plans"] == 0, figures
+    assert '"unsteady":true' in cache.read_text()
+
+
 def test_plan_ahead_refuses_what_cannot_plan(tmp_path):
     foreign = tmp_path / "notes.json"
     foreign.write_text('{"mine": true}\n')
