@@ -2103,19 +2103,25 @@ impl<D: Device> Allocator<D> {
     ///   taken), when growing would raise the peak even after the dynamic
     ///   path's free memory is released: memory already reserved is used
     ///   before more is (a step that deviates from its plan must not hold
-    ///   the arena and a dynamic copy of the step beside it).
+    ///   the arena and a dynamic copy of the step beside it);
+    /// - with planning off ([`Allocator::suspend_if_unsteady`]), likewise:
+    ///   the arena drains, to be released once free, but not at the cost
+    ///   of a peak (a small tensor long live in it, such as the inputs of
+    ///   an evaluation kept until the next, would otherwise have the
+    ///   dynamic path grow a copy of the step beside it).
     ///
     /// Planned ranges are taken only when free, so a later request of the
     /// plan finds a tensor served here as a deviation, never under its own.
     pub(super) fn lend_idle_arena(&mut self, req: &AllocRequest, grow: u64) -> Option<(u32, u32)> {
-        // (Planning off: the arena must empty, to be released, not fill.)
-        let p = self.planning.as_ref().filter(|p| p.steps > 0 && !p.suspended)?;
+        let p = self.planning.as_ref().filter(|p| p.steps > 0)?;
         let last = p.arenas.len().checked_sub(1)?;
         let arena = &p.arenas[last];
         if Some(arena.seg) == p.kept_seg || self.arena_is_free(arena.seg) {
             return None;
         }
-        if p.active.is_some() {
+        // (Planning off: the arena should empty, to be released, not fill;
+        // but not at the cost of a peak.)
+        if p.active.is_some() || p.suspended {
             let b = &self.stats.bytes;
             let dynamic_cached: u64 = self.arena.pools.iter().filter(|q| !q.planned).map(|q| q.cached_bytes()).sum();
             if b.reserved_bytes.saturating_sub(dynamic_cached) + grow <= b.peak_reserved_bytes {
