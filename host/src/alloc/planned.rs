@@ -491,9 +491,8 @@ pub(crate) struct Planning {
     /// Distinct shapes of the steps of one forward pass (at most
     /// [`SHAPE_KINDS`] kept).
     single: Vec<u64>,
-    /// Two steps of as many forward passes differed in a later one's
-    /// shape, one of them mixed: the first request of a step does not tell
-    /// the rest ([`Planning::note_shapes`]).
+    /// The forward passes show that the first request of a step does not
+    /// tell the rest of it ([`Planning::note_shapes`]).
     shapes_vary: bool,
 }
 
@@ -1395,12 +1394,12 @@ impl<D: Device> Allocator<D> {
     /// may raise it: a step that leaves its plan late needs the arena and
     /// the dynamic path beside it), a plan keyed by a step's first request
     /// cannot serve such a training. So too, before any such step, when the
-    /// phase marks show it: two steps of several forward passes of
-    /// different shapes differ in their later ones ([`Planning::note_shapes`]).
-    /// Planned placement is then off for the rest of the run (the plans
-    /// go, the arena is released once free: the run goes on as its dynamic
-    /// path alone would), and the plan cache says so, so that the next run
-    /// does not plan either.
+    /// phase marks show it ([`Planning::note_shapes`]). Planned placement
+    /// is then off for the rest of the run (the plans go; the arena lends
+    /// its free space only where the dynamic path would raise the peak, and
+    /// is released once free: the run goes on as its dynamic path alone
+    /// would), and the plan cache says so, so that the next run does not
+    /// plan either.
     fn suspend_if_unsteady(&mut self) {
         let g = self.device.granularity();
         let (res, live) = (self.stats.bytes.peak_reserved_bytes, self.stats.bytes.peak_live_bytes);
