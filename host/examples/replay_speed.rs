@@ -3,7 +3,8 @@
 //! (default `pytorch 20 4`): the events are in memory, so this is the
 //! allocator's and the driver's speed, without reading a trace. `warm`
 //! (a policy with a planner): a first, unmeasured run fills a plan cache,
-//! and every measured run starts from it (reading it included).
+//! and every measured run starts from it (reading it included). STEPS may
+//! instead name a trace file (our format), read once before the rounds.
 use wasmem::alloc::Allocator;
 use wasmem::device::sim::SimDevice;
 use wasmem::model::ModelSpec;
@@ -14,10 +15,12 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let policy = args.get(1).map_or("pytorch", |s| s.as_str());
     let rounds: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(20);
-    let steps: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(4);
-    let spec = ModelSpec { steps, ..ModelSpec::preset("gpt2-124m").expect("preset") };
+    let what = args.get(3).map_or("4", |s| s.as_str());
     let warm = args.get(4).is_some_and(|s| s == "warm");
-    let ev = synth(&spec).expect("valid");
+    let ev = match what.parse::<u64>() {
+        Ok(steps) => synth(&ModelSpec { steps, ..ModelSpec::preset("gpt2-124m").expect("preset") }).expect("valid"),
+        Err(_) => wasmem::trace::read_file(what).unwrap_or_else(|e| panic!("{what}: {e}")).1,
+    };
     let dir = tempfile::tempdir().expect("a temporary directory");
     let cache = dir.path().join("plans.json");
     let run = |measured: bool| {

@@ -231,18 +231,11 @@ impl Placed {
 /// the (possibly overlapping) blocks `occupied`, or above them all.
 fn best_fit(occupied: &mut [(u64, u64)], size: u64) -> u64 {
     occupied.sort_unstable();
-    let mut best: Option<(u64, u64)> = None; // (gap, offset)
-    let mut top = 0u64;
+    let mut fit = Fit::default();
     for &(off, end) in occupied.iter() {
-        if off > top {
-            let gap = off - top;
-            if gap >= size && best.is_none_or(|(g, _)| gap < g) {
-                best = Some((gap, top));
-            }
-        }
-        top = top.max(end);
+        fit.meet(off, end, size);
     }
-    best.map_or(top, |(_, off)| off)
+    fit.offset()
 }
 
 /// The plan of a step's `requests`: the cheapest of the plans described in
@@ -378,6 +371,41 @@ trait Blocks {
     fn overlapping(&mut self, iv: &[(u32, u32)], out: &mut Vec<(u64, u64)>);
     /// Keeps request `k`'s block `[off, end)` over its intervals `iv`.
     fn keep(&mut self, k: u32, iv: &[(u32, u32)], off: u64, end: u64);
+    /// [`best_fit`] of `size` bytes among the placed blocks overlapping
+    /// the intervals `iv` (`scratch`: a buffer to collect them in).
+    fn fit(&mut self, iv: &[(u32, u32)], size: u64, scratch: &mut Vec<(u64, u64)>) -> u64 {
+        scratch.clear();
+        self.overlapping(iv, scratch);
+        best_fit(scratch, size)
+    }
+}
+
+/// The running state of [`best_fit`] over blocks met in (offset, end) order.
+#[derive(Default)]
+struct Fit {
+    /// The smallest gap that holds the request so far: (gap, offset).
+    best: Option<(u64, u64)>,
+    /// The highest end met so far.
+    top: u64,
+}
+
+impl Fit {
+    /// Meets the next block `[off, end)` (in (offset, end) order).
+    #[inline(always)]
+    fn meet(&mut self, off: u64, end: u64, size: u64) {
+        if off > self.top {
+            let gap = off - self.top;
+            if gap >= size && self.best.is_none_or(|(g, _)| gap < g) {
+                self.best = Some((gap, self.top));
+            }
+        }
+        self.top = self.top.max(end);
+    }
+
+    /// The offset found: the best gap's, or above every block met.
+    fn offset(&self) -> u64 {
+        self.best.map_or(self.top, |(_, off)| off)
+    }
 }
 
 impl Blocks for Placed {
@@ -421,6 +449,26 @@ impl Blocks for Scan {
         }
     }
 
+    /// The scan and [`best_fit`] in one pass: the blocks are kept in the
+    /// order it sorts them in.
+    fn fit(&mut self, iv: &[(u32, u32)], size: u64, _scratch: &mut Vec<(u64, u64)>) -> u64 {
+        let meets = |&(a, e): &(u32, u32)| iv.iter().any(|&(b, f)| a < f && b < e);
+        let mut fit = Fit::default();
+        if let [(b, f)] = *iv {
+            for p in &self.0 {
+                let (a, e) = p.2[0];
+                if (a < f && b < e) || (p.3 == 2 && meets(&p.2[1])) {
+                    fit.meet(p.0, p.1, size);
+                }
+            }
+        } else {
+            for p in self.0.iter().filter(|p| p.2[..p.3].iter().any(meets)) {
+                fit.meet(p.0, p.1, size);
+            }
+        }
+        fit.offset()
+    }
+
     fn keep(&mut self, _k: u32, iv: &[(u32, u32)], off: u64, end: u64) {
         let mut ivs = [(0, 0); 2];
         ivs[..iv.len()].copy_from_slice(iv);
@@ -439,9 +487,7 @@ fn place_with(reqs: &[Request], order: &[u32], mut blocks: impl Blocks) -> Plan 
         let r = &reqs[k as usize];
         let size = r.planned_bytes();
         let (iv, m) = r.intervals(k, n);
-        occupied.clear();
-        blocks.overlapping(&iv[..m], &mut occupied);
-        let off = best_fit(&mut occupied, size);
+        let off = blocks.fit(&iv[..m], size, &mut occupied);
         let end = off.saturating_add(size);
         blocks.keep(k, &iv[..m], off, end);
         offsets[k as usize] = Some(off);
