@@ -45,7 +45,8 @@
 //! time). The cost is O(log n) per placement plus the overlapping blocks it
 //! looks at. Steps of at most 2,048 requests scan every placed block
 //! instead (kept in offset order): quadratic, but faster at that size, and
-//! the same blocks are found.
+//! the same blocks are found; the scan computes the best fit as it meets
+//! them, in the order it would sort them in.
 
 #![no_std]
 #![warn(missing_docs)]
