@@ -16,7 +16,8 @@ use super::lifecycle::LifecycleReclamation;
 use crate::decision::{PolicyContext, PolicyError, ReclaimDecision, ReclaimTrigger, ReclamationPolicy};
 use crate::types::{Phase, MIB};
 
-/// The reclamation half of `defrag` (placement is `lifecycle`'s).
+/// The reclamation half of `defrag` (placement is `lifecycle`'s, with its
+/// growth chunks scaled to the footprint: [`super::LifecyclePlacement::scaled`]).
 #[derive(Debug, Clone, Copy)]
 pub struct DefragReclamation {
     /// Cached bytes kept at a step end, as a fraction of reserved bytes

@@ -69,7 +69,7 @@ pub fn by_name(name: &str) -> Option<Policies> {
         "naive" => (Box::new(NaivePlacement), Box::new(PytorchReclamation)),
         "pytorch" => (Box::new(PytorchPlacement), Box::new(PytorchReclamation)),
         "lifecycle" => (Box::new(LifecyclePlacement::default()), Box::new(LifecycleReclamation)),
-        "defrag" | "planned" => (Box::new(LifecyclePlacement::default()), Box::new(DefragReclamation::default())),
+        "defrag" | "planned" => (Box::new(LifecyclePlacement::scaled()), Box::new(DefragReclamation::default())),
         _ => return None,
     };
     Some(Policies { placement, reclamation, eviction: Box::new(LruEviction) })
