@@ -2611,6 +2611,34 @@ fn apart_from_matched(
     })
 }
 
+/// The lowest offset where request `u` of `profile` meets no placed
+/// request (`offsets`) live with it.
+fn lowest_gap(profile: &StepProfile, u: usize, offsets: &[Option<u64>]) -> u64 {
+    let reqs = &profile.requests;
+    let n = reqs.len() as u32;
+    let live = |k: usize| {
+        let (iv, m) = reqs[k].intervals(k as u32, n);
+        iv.into_iter().take(m).filter(|(a, b)| a < b).collect::<Vec<_>>()
+    };
+    let lu = live(u);
+    let mut taken: Vec<(u64, u64)> = (0..reqs.len())
+        .filter(|&k| k != u)
+        .filter_map(|k| offsets[k].map(|o| (k, o)))
+        .filter(|&(k, _)| live(k).iter().any(|&(a, b)| lu.iter().any(|&(c, d)| a < d && c < b)))
+        .map(|(k, o)| (o, o + reqs[k].planned_bytes()))
+        .collect();
+    taken.sort_unstable();
+    let size = reqs[u].planned_bytes();
+    let mut at = 0u64;
+    for (o, e) in taken {
+        if o >= at + size {
+            break;
+        }
+        at = at.max(e);
+    }
+    at
+}
+
 /// The first-step plan `first` changed when the tensors it leaves live
 /// into the next step (a loss, the last logits) would lie in the way of
 /// that step's requests under a steady plan of `plans` whose requests its
@@ -2650,13 +2678,26 @@ fn aligned_first(first: CachedPlan, plans: &[CachedPlan]) -> CachedPlan {
             matched[k] = true;
         }
         // What only the first step has keeps its offset unless it meets a
-        // matched request in time and in bytes.
-        for &u in rest.iter().filter(|&&u| !matched[u]) {
+        // matched request in time and in bytes; then it goes to the lowest
+        // gap that holds it among the requests live with it (above them
+        // when none does: the arena grows, by less than the request, which
+        // would be beside the arena in the first step).
+        let mut arena = s.plan.arena_bytes.max(first.plan.arena_bytes);
+        let unmatched: Vec<usize> = rest.iter().copied().filter(|&u| !matched[u]).collect();
+        for &u in &unmatched {
             if offsets[u].is_some_and(|off| !apart_from_matched(&first, u, off, &pairs, &offsets)) {
                 offsets[u] = None;
             }
         }
-        let plan = Plan { arena_bytes: s.plan.arena_bytes.max(first.plan.arena_bytes), offsets };
+        for &u in &unmatched {
+            if offsets[u].is_some() || first.plan.offsets[u].is_none() {
+                continue;
+            }
+            let at = lowest_gap(&first.profile, u, &offsets);
+            offsets[u] = Some(at);
+            arena = arena.max(at + first.profile.requests[u].planned_bytes());
+        }
+        let plan = Plan { arena_bytes: arena, offsets };
         if validate_plan(&first.profile, &plan, u64::MAX).is_ok() {
             return CachedPlan { plan, ..first };
         }
@@ -2834,10 +2875,13 @@ mod tests {
         let a = aligned_first(first.clone(), std::slice::from_ref(&steady));
         assert_eq!(a.plan.offsets, vec![None, Some(3 * MIB), Some(2 * MIB), Some(0)]);
         validate_plan(&a.profile, &a.plan, u64::MAX).unwrap();
-        // An extra request that would meet a moved one goes dynamic.
+        // An extra request that would meet a moved one goes to the lowest
+        // gap among the requests live with it (here under the last one,
+        // which comes after it is freed).
         let (first, steady) = first_and_steady(MIB, 2 * MIB);
         let a = aligned_first(first, std::slice::from_ref(&steady));
-        assert_eq!(a.plan.offsets, vec![None, None, Some(2 * MIB), Some(0)]);
+        assert_eq!(a.plan.offsets, vec![None, Some(0), Some(2 * MIB), Some(0)]);
+        validate_plan(&a.profile, &a.plan, u64::MAX).unwrap();
         // Out of the way already: unchanged.
         let (first, steady) = first_and_steady(0, 3 * MIB);
         assert_eq!(aligned_first(first.clone(), std::slice::from_ref(&steady)), first);

@@ -20,8 +20,9 @@
 //! arena is the highest end. Requests whose end of life in the cycle is not
 //! known ([`Request::plannable`]) are left unplanned.
 //!
-//! [`plan`] makes up to three plans and keeps the cheapest (its arena plus
-//! the bytes it leaves to the dynamic path; the first on a tie):
+//! [`plan`] makes several plans and keeps the cheapest (its arena plus
+//! the bytes it leaves to the dynamic path; the first on a tie), stopping
+//! as soon as one costs the [`live_bound`], which no plan can beat:
 //!
 //! 1. always, in O(n log n), [`in_time_order`]: the step replayed in time
 //!    order through a best-fit allocator that knows each lifetime (a free
@@ -31,12 +32,19 @@
 //!    the others are left unplanned;
 //! 2. greedy by size, while its work — the sum of the planned lifetimes,
 //!    in requests — stays within [`GREEDY_WORK`] (its cost grows with the
-//!    number of tensors live at once), and unless the first plan already
-//!    costs [`live_bound`], which no plan can beat;
+//!    number of tensors live at once);
 //! 3. when some requests stay to the end of the profile (parameters in a
 //!    whole-trace offline plan): those first, stacked in allocation order
 //!    as a floor, then the rest by size (greedy by size alone can leave
-//!    holes under tensors that never leave).
+//!    holes under tensors that never leave);
+//! 4. in a step of at most 2,048 requests, within [`SEARCH_VISITS`] block
+//!    visits per request: 2 and 3 again with requests of equal size in
+//!    time order instead of longer lifetimes first (either order can be a
+//!    few per cent above the bound where the other meets it: a GPT-2 step
+//!    of batch 2 × 256, 1.070 and 1.011), then a search from the best
+//!    greedy order (pairs of nearby requests swapped, deterministic
+//!    pseudo-random choices, at most [`SEARCH_ROUNDS`] rounds), keeping an
+//!    order whose plan costs no more.
 //!
 //! Finding the placed blocks that overlap a lifetime `[a, e)`: those that
 //! cover time `a` (a segment tree over time whose nodes hold the pieces
@@ -250,9 +258,11 @@ pub fn plan(requests: &[Request]) -> Plan {
     let reqs = requests;
     let n = reqs.len() as u32;
     let life = |k: u32| reqs[k as usize].lifetime(k, n);
-    let by_size = |order: &mut Vec<u32>| {
+    // By size; among equals longer lifetimes first, or in time order.
+    let by_size = |order: &mut Vec<u32>, by_life: bool| {
         order.sort_unstable_by_key(|&k| {
-            (core::cmp::Reverse(reqs[k as usize].planned_bytes()), core::cmp::Reverse(life(k)), k)
+            let l = if by_life { life(k) } else { 0 };
+            (core::cmp::Reverse(reqs[k as usize].planned_bytes()), core::cmp::Reverse(l), k)
         })
     };
     let plannable = (0..n).filter(|&k| reqs[k as usize].plannable(k));
@@ -269,31 +279,111 @@ pub fn plan(requests: &[Request]) -> Plan {
     };
     // No plan costs less than the most planned bytes live at once: once a
     // plan costs that, the later ones cannot win (the first wins a tie).
-    if cost(&sim) <= live_bound(reqs) {
+    let bound = live_bound(reqs);
+    if cost(&sim) <= bound {
         return sim;
     }
-    let bound = live_bound(reqs);
     let mut best = sim;
-    let keep = |plan: Plan, best: &mut Plan| {
-        if cost(&plan) < cost(best) {
-            *best = plan;
-        }
-    };
-    let mut order: Vec<u32> = plannable.clone().collect();
-    by_size(&mut order);
-    keep(place(reqs, &order), &mut best);
-    if cost(&best) <= bound {
-        return best;
-    }
+    // The order of the best greedy plan so far (none while `sim` is best).
+    let mut best_order: Option<Vec<u32>> = None;
     // The floor: requests that stay to the end of the profile, stacked in
     // allocation order below the rest (they never leave, so every gap
     // between them is lost for good).
-    let (floor, mut rest): (Vec<u32>, Vec<u32>) = plannable.partition(|&k| reqs[k as usize].freed_at == Some(n));
-    if !floor.is_empty() && !rest.is_empty() {
-        by_size(&mut rest);
-        let mut floored = floor;
-        floored.extend(rest);
-        keep(place(reqs, &floored), &mut best);
+    let (floor, rest): (Vec<u32>, Vec<u32>) = plannable.clone().partition(|&k| reqs[k as usize].freed_at == Some(n));
+    let floored = !floor.is_empty() && !rest.is_empty();
+    // Greedy by size, then with the floor. In a short step (scanned, a
+    // greedy plan costs about m²/2 block visits for m planned requests),
+    // each also with the other order among requests of a size (which of
+    // them goes lower decides what fits beside them later: either can be a
+    // few per cent off the bound), then a search, all within
+    // [`SEARCH_VISITS`] visits per request.
+    let m = plannable.clone().count() as u64;
+    let round = (m * m / 2).max(1);
+    let mut budget = if reqs.len() <= SCAN_REQUESTS { SEARCH_VISITS * m } else { 0 };
+    for (with_floor, by_life) in [(false, true), (false, false), (true, true), (true, false)] {
+        if with_floor && !floored {
+            continue;
+        }
+        if !by_life {
+            if budget < round {
+                continue;
+            }
+            budget -= round;
+        }
+        let mut order: Vec<u32> = if with_floor { rest.clone() } else { plannable.clone().collect() };
+        by_size(&mut order, by_life);
+        if with_floor {
+            order.splice(0..0, floor.iter().copied());
+        }
+        let plan = place(reqs, &order);
+        if cost(&plan) < cost(&best) {
+            best = plan;
+            best_order = Some(order);
+        }
+        if cost(&best) <= bound {
+            return best;
+        }
+    }
+    match best_order {
+        Some(order) => search(reqs, order, best, bound, SEARCH_ROUNDS.min(budget / round), &cost),
+        None => best,
+    }
+}
+
+/// Block visits per planned request that [`plan`] may spend, in a step of
+/// at most 2,048 requests, on greedy plans beyond the two it always makes
+/// and on the search after them (a linear budget, like the engine's
+/// planning deadline: about 5 µs per request natively).
+pub const SEARCH_VISITS: u64 = 1_000;
+
+/// Most rounds of that search.
+pub const SEARCH_ROUNDS: u64 = 256;
+
+/// Improves the greedy plan `best` of `order` while it costs more than the
+/// live `bound`: each round swaps one to three requests of the order with
+/// one up to 16 places later (deterministic pseudo-random choices) and
+/// places it again, keeping the new order when its plan costs no more.
+/// At most `rounds` rounds.
+fn search(
+    reqs: &[Request],
+    mut order: Vec<u32>,
+    mut best: Plan,
+    bound: u64,
+    rounds: u64,
+    cost: &dyn Fn(&Plan) -> u64,
+) -> Plan {
+    let len = order.len();
+    if len < 2 {
+        return best;
+    }
+    let mut best_cost = cost(&best);
+    // xorshift64: the same choices on every machine, in every language's
+    // build of this crate.
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = move |m: usize| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % m as u64) as usize
+    };
+    let mut trial = order.clone();
+    for _ in 0..rounds {
+        if best_cost <= bound {
+            break;
+        }
+        trial.copy_from_slice(&order);
+        for _ in 0..1 + next(3) {
+            let i = next(len);
+            let j = (i + 1 + next(16)).min(len - 1);
+            trial.swap(i, j);
+        }
+        let plan = place(reqs, &trial);
+        let c = cost(&plan);
+        if c <= best_cost {
+            best_cost = c;
+            best = plan;
+            core::mem::swap(&mut order, &mut trial);
+        }
     }
     best
 }
