@@ -125,8 +125,12 @@ const PLAN_KEYS: [&str; 4] = ["plan_cache", "policy", "capacity", "device"];
 /// unless the old one is not a plan cache (then it is left as it is). The
 /// figures of the run are returned and kept for [`stats`] (`plan`): with
 /// `plans`, `steady_plans` (plans of the steps after the first: none means
-/// those steps learn on the device) and `period`, the run's metrics
-/// (`plan_refused` counts plans a live run would refuse too).
+/// those steps learn on the device) and `period`, the planning run's
+/// metrics (it learns on the device, as a run without a cache would), and
+/// `first_run`: the figures of the recording replayed again from the cache
+/// written, as the first live run starts (`plans_loaded`, `plan_hits`,
+/// `plan_misses`, `plan_refused`, `plan_arena_bytes`, `peak_reserved_bytes`,
+/// `overhead_ratio`, `device_alloc_calls`).
 pub fn plan(handle: i64, options: &str) -> Result<Value, Failure> {
     let bad = |m: String| Failure::new(Cause::BadArgument, format!("recorder {handle}: planning ahead: {m}"));
     let o: Value = serde_json::from_str(options).map_err(|e| bad(format!("options are not JSON: {e}")))?;
@@ -214,6 +218,14 @@ pub fn plan(handle: i64, options: &str) -> Result<Value, Failure> {
     let cached = wasmem::alloc::check_plan_cache(&path, capacity, granularity)
         .map_err(|e| bad(e.to_string()))?
         .ok_or_else(|| bad(format!("{} vanished", path.display())))?;
+    // What the first live run gets: the recording replayed again, started
+    // from a copy of the cache just written (the planning run learned on
+    // the device: its own figures count the steps before a plan, and an
+    // arena it refused because its learning steps left memory reserved).
+    std::fs::copy(&path, &tmp).map_err(|e| bad(format!("{}: {e}", tmp.display())))?;
+    let warm = wasmem::session::run(&workload, policy, &opts, &wasmem::policy::GlobalRuntime, &|_| {});
+    let _ = std::fs::remove_file(&tmp);
+    let w = warm.map_err(|e| bad(format!("replaying from the plan cache: {e}")))?.metrics;
     let figures = json!({
         "plan_cache": path.to_string_lossy(),
         "policy": policy,
@@ -229,6 +241,16 @@ pub fn plan(handle: i64, options: &str) -> Result<Value, Failure> {
         "peak_reserved_bytes": m.peak_reserved_bytes,
         "overhead_ratio": m.overhead_ratio,
         "device_alloc_calls": m.device_alloc_calls,
+        "first_run": {
+            "plans_loaded": w.plans_loaded,
+            "plan_hits": w.plan_hits,
+            "plan_misses": w.plan_misses,
+            "plan_refused": w.plan_refused,
+            "plan_arena_bytes": w.plan_arena_bytes,
+            "peak_reserved_bytes": w.peak_reserved_bytes,
+            "overhead_ratio": w.overhead_ratio,
+            "device_alloc_calls": w.device_alloc_calls,
+        },
     });
     with(handle, |r| {
         r.planned = Some(figures.clone());

@@ -214,8 +214,13 @@ class Recorder:
         ``steady_plans`` — none: the steps after the first learn on the
         device —, ``period``, ``unsteady`` — true: steps that start alike
         differ later, the file holds no plan and the live run stays
-        dynamic —, ``plan_refused``, ``plan_arena_bytes``,
-        ``peak_live_bytes`` …).
+        dynamic —, and the planning run's metrics: ``plan_refused``,
+        ``plan_arena_bytes``, ``peak_live_bytes`` …, of a run that learns
+        on the device as one without a cache does) and ``first_run``: the
+        figures of the recording replayed again from the cache written, as
+        the first live run starts (``plans_loaded``, ``plan_hits``,
+        ``plan_misses``, ``plan_refused``, ``plan_arena_bytes``,
+        ``peak_reserved_bytes``, ``overhead_ratio``, ``device_alloc_calls``).
         """
         if self._h is None:
             raise WasmemError("Recorder.plan_ahead: nothing recorded (the recorder was never entered, or was closed)")
