@@ -337,6 +337,19 @@ mod tests {
         assert_eq!(f["plan_cache"].as_str(), Some(written.to_str().unwrap()));
         assert!(f["plans"].as_u64() >= Some(2), "{f}");
         assert_eq!((f["steady_plans"].as_u64(), f["period"].as_u64()), (Some(1), Some(1)), "{f}");
+        // The replay from the file: planned from the first step on, every
+        // request a hit, one arena at most the planning run's peak, and the
+        // temporary copy of the cache gone.
+        let first = &f["first_run"];
+        assert_eq!(first["plans_loaded"], f["plans"], "{f}");
+        assert_eq!((first["plan_misses"].as_u64(), first["plan_refused"].as_u64()), (Some(0), Some(0)), "{f}");
+        // The parameters (the first step's plan) and every activation.
+        assert_eq!(first["plan_hits"].as_u64(), Some(3 + 4 * 5), "{f}");
+        assert_eq!(first["overhead_ratio"].as_f64(), Some(1.0), "{f}");
+        assert!(first["peak_reserved_bytes"].as_u64() <= f["peak_reserved_bytes"].as_u64(), "{f}");
+        assert!(first["device_alloc_calls"].as_u64() < f["device_alloc_calls"].as_u64(), "{f}");
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, [std::ffi::OsString::from("plans.dev3.json")]);
         assert!(err(r#"{"plan_cache": "p.json", "capacity": "0B"}"#).contains("capacity"));
         assert_eq!(stats(h).unwrap()["plan"], f);
         let text = std::fs::read_to_string(&written).unwrap();
