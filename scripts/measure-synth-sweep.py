@@ -8,8 +8,9 @@ Prints one markdown row per configuration (live peak; overhead and device
 allocations of each run), then the geometric means of each overhead against
 `pytorch`'s in the same configuration and how many runs are above it.
 
-Usage: scripts/measure-synth-sweep.py [N] [SEED]   (default 30 configurations,
-seed 7; needs target/release/wasmem, or $WASMEM_BIN)
+Usage: scripts/measure-synth-sweep.py [N] [SEED] [PLANNED]   (default 30
+configurations, seed 7, PLANNED `planned`, e.g. `planned?effort=100`; needs
+target/release/wasmem, or $WASMEM_BIN)
 """
 
 import json
@@ -45,6 +46,7 @@ def config(rng):
 def main():
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 30
     rng = random.Random(int(sys.argv[2]) if len(sys.argv) > 2 else 7)
+    planned = sys.argv[3] if len(sys.argv) > 3 else "planned"
     if not os.access(W, os.X_OK):
         sys.exit(f"build first: cargo build --release (no {W})")
     runs = ("cold", "warm", "defrag", "pytorch")
@@ -57,8 +59,8 @@ def main():
             trace, cache = os.path.join(tmp, f"c{i}.jsonl.gz"), os.path.join(tmp, f"c{i}.plans.json")
             subprocess.run([W, "synth", "--preset", "tiny", *args, "--output", trace], check=True, capture_output=True)
             m = {
-                "cold": replay(trace, "planned", cache),
-                "warm": replay(trace, "planned", cache),
+                "cold": replay(trace, planned, cache),
+                "warm": replay(trace, planned, cache),
                 "defrag": replay(trace, "defrag"),
                 "pytorch": replay(trace, "pytorch"),
             }

@@ -125,7 +125,7 @@ fn main() -> anyhow::Result<()> {
         let (mut tn, mut tw) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
             let t = Instant::now();
-            std::hint::black_box(GreedyPlanner.plan(&p, &ctx)?);
+            std::hint::black_box(GreedyPlanner::default().plan(&p, &ctx)?);
             tn.push(t.elapsed());
             let t = Instant::now();
             std::hint::black_box(wasm.plan(&p, &ctx)?);

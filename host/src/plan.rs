@@ -155,7 +155,7 @@ mod tests {
         // 1 and 2 overlap, 3 reuses 1's place; 4 is never freed.
         let ev = vec![alloc(1, 1000), alloc(2, 2048), free(1), alloc(3, 1024), free(2), alloc(4, 512), free(3)];
         let w = Workload::from_events("t", ev);
-        let p = plan_offline(&w, &mut GreedyPlanner).unwrap();
+        let p = plan_offline(&w, &mut GreedyPlanner::default()).unwrap();
         assert_eq!(p.requests, 4);
         assert_eq!(p.peak_live_bytes, 3072);
         assert_eq!(p.lower_bound_bytes, 3072);
@@ -178,7 +178,7 @@ mod tests {
             ..crate::model::ModelSpec::preset("gpt2-124m").unwrap()
         };
         let w = Workload::from_events("gpt2-4l", crate::synth::synth(&spec).unwrap());
-        let p = plan_offline(&w, &mut GreedyPlanner).unwrap();
+        let p = plan_offline(&w, &mut GreedyPlanner::default()).unwrap();
         let ratio = p.arena_bytes as f64 / p.lower_bound_bytes as f64;
         assert!(ratio <= 1.005, "offline plan {ratio:.5} of its bound");
     }
@@ -186,7 +186,7 @@ mod tests {
     #[test]
     fn a_bad_free_names_the_event() {
         let w = Workload::from_events("t", vec![alloc(1, 10), free(2)]);
-        let e = plan_offline(&w, &mut GreedyPlanner).unwrap_err().to_string();
+        let e = plan_offline(&w, &mut GreedyPlanner::default()).unwrap_err().to_string();
         assert!(e.contains("event 2") && e.contains("tensor 2"), "{e}");
     }
 }

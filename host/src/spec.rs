@@ -4,8 +4,10 @@
 //! ```text
 //! spec   := part ('+' part)*
 //! part   := builtin | other                 (optionally `part?config`: the text after `?` goes to `init`)
-//! builtin: a name of `builtin::BUILTIN_NAMES` (naive, pytorch, lifecycle, defrag: every role),
-//!          or of `builtin::EVICTION_NAMES` (lru, dtr, belady: the eviction role only)
+//! builtin: a name of `builtin::BUILTIN_NAMES` (naive, pytorch, lifecycle, defrag: every role;
+//!          planned: every role and a planner), or of `builtin::EVICTION_NAMES` (lru, dtr, belady:
+//!          the eviction role only). Built-ins take no configuration, but `planned?effort=K`
+//!          (its planner searches K times as long as online, 1 ≤ K ≤ 10,000)
 //! other  : anything else, handed to a [`PartLoader`] (the WebAssembly runtime
 //!          loads shipped policy names and `.wasm` paths)
 //! ```
@@ -47,6 +49,14 @@ pub enum SpecError {
         part: String,
         /// The configuration given.
         config: String,
+    },
+    /// The configuration of the built-in `planned` is not `effort=K`.
+    #[error("policy `planned?{config}`: {why} (`planned` takes `effort=K`, K from 1 to 10000)")]
+    PlannedConfig {
+        /// The configuration given.
+        config: String,
+        /// What is wrong with it.
+        why: String,
     },
     /// A part is not a built-in, and this loader loads nothing else.
     #[error(
@@ -246,7 +256,7 @@ pub fn resolve_with_warnings(spec: &str, loader: &dyn PartLoader) -> Result<(Res
         parts += 1;
         let (what, config) = part.split_once('?').unwrap_or((part, ""));
         let builtin = builtin::eviction_by_name(what).is_some() || builtin::BUILTIN_NAMES.contains(&what);
-        if builtin && part.contains('?') {
+        if builtin && part.contains('?') && what != "planned" {
             return Err(SpecError::BuiltinConfig { part: what.to_string(), config: config.to_string() });
         }
         if let Some(e) = builtin::eviction_by_name(what) {
@@ -256,7 +266,14 @@ pub fn resolve_with_warnings(spec: &str, loader: &dyn PartLoader) -> Result<(Res
         }
         if let Some(p) = builtin::by_name(what) {
             part_pools.push((what.to_string(), p.placement.pools()));
-            let planned = builtin::planner_by_name(what);
+            let planned = match builtin::planner_by_name(what) {
+                Some(_) if part.contains('?') => {
+                    let planner = builtin::GreedyPlanner::from_config(config)
+                        .map_err(|why| SpecError::PlannedConfig { config: config.to_string(), why })?;
+                    Some(Box::new(planner) as Box<dyn PlannerPolicy>)
+                }
+                planner => planner,
+            };
             let n = 3 + planned.is_some() as usize;
             offer(&mut placement, n, what, Some(p.placement));
             offer(&mut reclamation, n, what, Some(p.reclamation));
@@ -356,5 +373,26 @@ mod tests {
         let e = resolve("pytorch?x=1", &Builtins).unwrap_err();
         assert!(matches!(e, SpecError::BuiltinConfig { .. }) && e.to_string().contains("?x=1"), "{e}");
         assert!(matches!(resolve("lru?", &Builtins), Err(SpecError::BuiltinConfig { .. })));
+    }
+
+    #[test]
+    fn planned_takes_a_search_effort_and_nothing_else() {
+        for spec in ["planned?effort=100", "planned?effort=1", "planned?", "planned?effort=10000"] {
+            let r = resolve(spec, &Builtins).unwrap_or_else(|e| panic!("{spec}: {e}"));
+            assert_eq!(r.planner.as_ref().map(|p| p.name()), Some("greedy"), "{spec}");
+        }
+        for (spec, says) in [
+            ("planned?effort=0", "out of range"),
+            ("planned?effort=10001", "out of range"),
+            ("planned?effort=lots", "not a whole number"),
+            ("planned?depth=3", "unknown key `depth`"),
+            ("planned?effort", "not KEY=VALUE"),
+        ] {
+            let e = resolve(spec, &Builtins).err().unwrap_or_else(|| panic!("{spec} resolved"));
+            assert!(matches!(e, SpecError::PlannedConfig { .. }), "{spec}: {e:?}");
+            assert!(e.to_string().contains(says) && e.to_string().contains("effort=K"), "{spec}: {e}");
+        }
+        let e = resolve("defrag?effort=3", &Builtins).unwrap_err();
+        assert!(matches!(e, SpecError::BuiltinConfig { .. }), "{e:?}");
     }
 }

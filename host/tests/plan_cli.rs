@@ -61,6 +61,69 @@ fn offline_plans_reach_the_bound() {
     }
 }
 
+/// A one-layer model with AdamW (a random synth configuration): its step's
+/// online plan is 1.12× its live bound; `planned?effort=100` reaches it.
+const ADAMW_1_LAYER: [&str; 26] = [
+    "--preset",
+    "tiny",
+    "--hidden",
+    "384",
+    "--heads",
+    "6",
+    "--kv-heads",
+    "6",
+    "--intermediate",
+    "1536",
+    "--layers",
+    "1",
+    "--seq",
+    "256",
+    "--batch",
+    "1",
+    "--vocab",
+    "8000",
+    "--optimizer",
+    "adamw",
+    "--checkpointing",
+    "false",
+    "--dtype",
+    "fp32",
+    "--steps",
+    "7",
+];
+
+#[test]
+fn a_longer_search_plans_closer_to_the_bound_online_and_offline() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("adamw.jsonl.gz");
+    let out = wasmem().arg("synth").args(ADAMW_1_LAYER).arg("-o").arg(&trace).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Offline: the default (effort 100) against online planning's effort.
+    let offline = |policy: &[&str]| {
+        let plans = json_lines(wasmem().args(["plan", "--json"]).args(policy).arg(&trace));
+        checked_plan(&plans[0])
+    };
+    let (longer, online) = (offline(&[]), offline(&["--policy", "planned"]));
+    assert!(longer < online && online > 1.02, "offline: effort 100 {longer}, online effort {online}");
+    // A cold run that plans with effort 100 writes plans that serve the
+    // next run at its live peak; with the online effort, above it.
+    let warm = |policy: &str| {
+        let cache = dir.path().join(format!("{}.json", policy.len()));
+        let run = || {
+            let mut cmd = wasmem();
+            cmd.args(["replay", "--json", "--policy", policy, "--plan-cache"]).arg(&cache).arg(&trace);
+            json_lines(&mut cmd).remove(0)
+        };
+        let cold = run();
+        assert_eq!(u(&cold, "plan_refused"), 0, "{cold}");
+        let warm = run();
+        assert_eq!(u(&warm, "plan_misses"), 0, "{warm}");
+        warm["overhead_ratio"].as_f64().unwrap()
+    };
+    let (longer, online) = (warm("planned?effort=100"), warm("planned"));
+    assert!(longer <= 1.0005 && online > 1.02, "warm: effort 100 {longer}, online effort {online}");
+}
+
 #[test]
 fn planned_is_never_above_defrag_nor_defrag_above_pytorch() {
     for t in ["gpt2_124m.jsonl.gz", "bert_base.jsonl.gz", "pytorch-snapshot-a.pickle", "pytorch-snapshot-b.pickle"] {

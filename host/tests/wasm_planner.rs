@@ -63,7 +63,7 @@ impl PlannerPolicy for Recording {
         Ok(GreedyPlanner::plan_profile(profile))
     }
     fn plan_aliased(&mut self, profile: &StepProfile, ctx: &PolicyContext) -> Result<Option<AliasedPlan>, PolicyError> {
-        GreedyPlanner.plan_aliased(profile, ctx)
+        GreedyPlanner::default().plan_aliased(profile, ctx)
     }
 }
 
@@ -399,7 +399,7 @@ fn greedy_planner_makes_the_built_in_s_aliased_plans() {
     let mut wasm = greedy(&rt).unwrap();
     let mut aliased = 0;
     for (i, p) in profiles.iter().enumerate() {
-        let want = GreedyPlanner.plan_aliased(p, &ctx()).unwrap();
+        let want = GreedyPlanner::default().plan_aliased(p, &ctx()).unwrap();
         assert_eq!(wasm.plan_aliased(p, &ctx()).unwrap(), want, "profile {i}");
         aliased += usize::from(want.is_some());
     }

@@ -359,6 +359,13 @@ mod tests {
         assert!(err(&o).contains("not overwritten"));
         assert_eq!(std::fs::read_to_string(&written).unwrap(), "notes\n");
         assert!(err(r#"{"plan_cache": "p.json", "policy": "pytorch"}"#).contains("no planner"));
+        assert!(err(r#"{"plan_cache": "p.json", "policy": "planned?effort=0"}"#).contains("out of range"));
+        // A longer search (offline, before training): the same plans here,
+        // where the online one already meets the bound.
+        std::fs::remove_file(&written).unwrap();
+        let longer = json!({ "plan_cache": path, "capacity": "1GiB", "device": 3, "policy": "planned?effort=100" });
+        let g = plan(h, &longer.to_string()).unwrap();
+        assert_eq!((g["plans"].as_u64(), g["first_run"]["plan_hits"].as_u64()), (f["plans"].as_u64(), Some(23)), "{g}");
         std::fs::remove_dir_all(&dir).unwrap();
         close(h).unwrap();
     }

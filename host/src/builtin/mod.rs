@@ -34,7 +34,7 @@ pub use dtr::DtrEviction;
 pub use lifecycle::{LifecycleClass, LifecyclePlacement, LifecycleReclamation};
 pub use lru::LruEviction;
 pub use naive::NaivePlacement;
-pub use planner::{GreedyPlanner, GREEDY_WORK};
+pub use planner::{GreedyPlanner, GREEDY_WORK, MAX_EFFORT};
 pub use pytorch::{PytorchPlacement, PytorchReclamation};
 
 use crate::decision::{EvictionPolicy, PlacementPolicy, PlannerPolicy, Policies, ReclamationPolicy};
@@ -77,7 +77,7 @@ pub fn by_name(name: &str) -> Option<Policies> {
 
 /// The planner of the built-in set `name`, if it has one (`planned`).
 pub fn planner_by_name(name: &str) -> Option<Box<dyn PlannerPolicy>> {
-    (name == "planned").then(|| Box::new(GreedyPlanner) as Box<dyn PlannerPolicy>)
+    (name == "planned").then(|| Box::new(GreedyPlanner::default()) as Box<dyn PlannerPolicy>)
 }
 
 /// The default policy set (`pytorch`), used as the fallback.

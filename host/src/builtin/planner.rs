@@ -39,15 +39,73 @@ use crate::decision::{AliasedPlan, Plan, PlannerPolicy, PolicyContext, PolicyErr
 pub use wasmem_plan_core::GREEDY_WORK;
 
 /// The built-in planner (see the module documentation).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct GreedyPlanner;
+///
+/// Its search budget is `effort` times the online one
+/// ([`wasmem_plan_core::Effort::times`]): 1 by default, sized to the
+/// engine's planning deadline; more where planning is offline or a longer
+/// pause at the steps that plan is welcome (`planned?effort=K`, e.g.
+/// `wasmem plan` and planning ahead from a recording).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GreedyPlanner {
+    effort: u64,
+}
+
+impl Default for GreedyPlanner {
+    fn default() -> Self {
+        GreedyPlanner { effort: 1 }
+    }
+}
+
+/// The most `effort` a [`GreedyPlanner`] takes (10,000 times the online
+/// search: seconds for a step of a few hundred requests).
+pub const MAX_EFFORT: u64 = 10_000;
 
 impl GreedyPlanner {
-    /// The plan of `profile` (see the module documentation).
+    /// A planner that searches `effort` times as long as the online one
+    /// (`1..=`[`MAX_EFFORT`]; clamped into that range).
+    pub fn with_effort(effort: u64) -> Self {
+        GreedyPlanner { effort: effort.clamp(1, MAX_EFFORT) }
+    }
+
+    /// Its search budget, as a multiple of the online one.
+    pub fn effort(&self) -> u64 {
+        self.effort
+    }
+
+    /// The plan of `profile` with the online search budget (see the module
+    /// documentation).
     pub fn plan_profile(profile: &StepProfile) -> Plan {
+        Self::default().plan_of(profile)
+    }
+
+    /// The plan of `profile` with this planner's search budget.
+    pub fn plan_of(&self, profile: &StepProfile) -> Plan {
         let requests: Vec<wasmem_plan_core::Request> = profile.requests.iter().map(|r| r.core()).collect();
-        let p = wasmem_plan_core::plan(&requests);
+        let p = wasmem_plan_core::plan_with(&requests, wasmem_plan_core::Effort::times(self.effort));
         Plan { arena_bytes: p.arena_bytes, offsets: p.offsets }
+    }
+
+    /// Parses a `planned?CONFIG` configuration: `effort=K` (`K` from 1 to
+    /// [`MAX_EFFORT`]) or nothing. The error says what is wrong.
+    pub fn from_config(config: &str) -> Result<Self, String> {
+        let mut planner = Self::default();
+        for item in config.split([',', '&']).map(str::trim).filter(|s| !s.is_empty()) {
+            let Some((key, value)) = item.split_once('=') else {
+                return Err(format!("`{item}` is not KEY=VALUE"));
+            };
+            match key.trim() {
+                "effort" => {
+                    let k: u64 =
+                        value.trim().parse().map_err(|_| format!("effort `{}` is not a whole number", value.trim()))?;
+                    if !(1..=MAX_EFFORT).contains(&k) {
+                        return Err(format!("effort {k} is out of range (1 to {MAX_EFFORT})"));
+                    }
+                    planner.effort = k;
+                }
+                other => return Err(format!("unknown key `{other}` (the only key is `effort`)")),
+            }
+        }
+        Ok(planner)
     }
 }
 
@@ -57,7 +115,7 @@ impl PlannerPolicy for GreedyPlanner {
     }
 
     fn plan(&mut self, profile: &StepProfile, _ctx: &PolicyContext) -> Result<Plan, PolicyError> {
-        Ok(Self::plan_profile(profile))
+        Ok(self.plan_of(profile))
     }
 
     fn plan_aliased(

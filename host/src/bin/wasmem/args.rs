@@ -77,8 +77,10 @@ pub enum Command {
         #[arg(long = "synth")]
         synth: Vec<String>,
         /// The policy whose planner plans (a built-in with a planner, `planned`,
-        /// or a part that exports the `planner` interface).
-        #[arg(long, default_value = "planned")]
+        /// or a part that exports the `planner` interface). The default searches
+        /// 100 times as long as online planning does (offline, no deadline);
+        /// `planned` alone plans as a run's steps are planned.
+        #[arg(long, default_value = "planned?effort=100")]
         policy: String,
         /// Print one JSON object per workload instead of text.
         #[arg(long)]

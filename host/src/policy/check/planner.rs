@@ -509,7 +509,7 @@ mod tests {
                 assert!(r.freed_at.is_none_or(|f| f as usize <= n), "request {k}: {r:?}");
             }
             validate_plan(&p, &GreedyPlanner::plan_profile(&p), ctx.capacity_bytes).unwrap();
-            if let Some(plan) = GreedyPlanner.plan_aliased(&p, &ctx).unwrap() {
+            if let Some(plan) = GreedyPlanner::default().plan_aliased(&p, &ctx).unwrap() {
                 validate_aliased(&p, &plan, 2 * MIB, ctx.capacity_bytes).unwrap();
                 aliased += 1;
             }
