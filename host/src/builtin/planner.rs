@@ -25,9 +25,10 @@
 //! planned lifetimes, in requests — stays within [`GREEDY_WORK`]; the
 //! smallest arena of the plans made wins. In steps of at most 2,048
 //! requests, within a budget of block visits linear in the requests, the
-//! greedy orders are also tried with equal sizes in time order, then
-//! searched (nearby requests swapped) while the plan is above the live
-//! bound (`wasmem_plan_core`'s documentation).
+//! greedy orders are also tried with equal sizes in time order, and the
+//! time-order plan's layout as an order, then searched (nearby requests
+//! swapped) while the plan is above the live bound (`wasmem_plan_core`'s
+//! documentation).
 //!
 //! The algorithm itself is `wasmem_plan_core::plan` (a crate of its own,
 //! `no_std` and without dependencies, in `policies/sdk/plan-core`), which

@@ -44,7 +44,14 @@
 //!    of batch 2 × 256, 1.070 and 1.011), then a search from the best
 //!    greedy order (pairs of nearby requests swapped, deterministic
 //!    pseudo-random choices, at most [`SEARCH_ROUNDS`] rounds), keeping an
-//!    order whose plan costs no more.
+//!    order whose plan costs no more;
+//! 5. within the same budget, the time-order plan's blocks from the bottom
+//!    up as one more greedy order (it places close to that plan), and the
+//!    search starts from the cheapest greedy order, even when the time-order
+//!    plan costs less (the search may end below it). A search round keeps
+//!    an order whose plan costs less, or as much with fewer bytes above the
+//!    live bound. [`plan_with`] takes another budget ([`Effort`]): offline,
+//!    a longer search reaches the bound more often.
 //!
 //! Finding the placed blocks that overlap a lifetime `[a, e)`: those that
 //! cover time `a` (a segment tree over time whose nodes hold the pieces
@@ -357,6 +364,22 @@ pub fn plan_with(requests: &[Request], effort: Effort) -> Plan {
             return plan;
         }
         if greedy.as_ref().is_none_or(|(g, _)| cost(&plan) < cost(g)) {
+            greedy = Some((plan, order));
+        }
+    }
+    // The time-order plan's layout as an order: its blocks from the bottom
+    // up, placed greedily (a plan close to it, which the search can then
+    // improve where the time order itself cannot be searched). Kept over
+    // the greedy orders on a tie.
+    if budget >= round {
+        budget -= round;
+        let mut order: Vec<u32> = plannable.clone().filter(|&k| sim.offsets[k as usize].is_some()).collect();
+        order.sort_unstable_by_key(|&k| (sim.offsets[k as usize], k));
+        let plan = place(reqs, &order);
+        if cost(&plan) <= bound {
+            return plan;
+        }
+        if greedy.as_ref().is_none_or(|(g, _)| cost(&plan) <= cost(g)) {
             greedy = Some((plan, order));
         }
     }
