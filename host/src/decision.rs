@@ -458,10 +458,34 @@ pub trait PlannerPolicy: Send {
         let _ = (profile, ctx);
         Ok(None)
     }
+    /// At a step end that `plan`, a plan of `profile`, served, while a
+    /// plan cache keeps it: searches on for a cheaper plan of that profile,
+    /// as long as planning it took at most (a step's spare time, spent on
+    /// the plans the next run of the training starts from; `plan` may come
+    /// from an earlier run's cache). The engine validates a
+    /// [`Refined::Better`] plan like any other and keeps it for the cache
+    /// only when it costs less (the run itself goes on with the plan it
+    /// serves). The default: [`Refined::Done`] (no search to go on).
+    fn refine(&mut self, profile: &StepProfile, plan: &Plan, ctx: &PolicyContext) -> Result<Refined, PolicyError> {
+        let _ = (profile, plan, ctx);
+        Ok(Refined::Done)
+    }
     /// The learned state behind this role (see [`PolicyState`]).
     fn state(&self) -> Option<StateHandle> {
         None
     }
+}
+
+/// What [`PlannerPolicy::refine`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refined {
+    /// A plan of the profile cheaper than the last one.
+    Better(Plan),
+    /// Nothing cheaper yet: the search goes on at the next call.
+    NotYet,
+    /// The search is over (the plan is at its live bound, or this planner
+    /// does not search that profile): no need to call again.
+    Done,
 }
 
 /// Checks a plan against its profile: one entry per request; every planned

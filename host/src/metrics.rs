@@ -131,6 +131,9 @@ pub struct Metrics {
     pub plan_arena_bytes: u64,
     /// Plans read from a plan cache at the start (`--plan-cache`).
     pub plans_loaded: u64,
+    /// Cheaper plans the planner found for the plan cache at step ends
+    /// (the next run starts from them; this one serves the plans it has).
+    pub plans_refined: u64,
     /// The first request that failed after every remedy (event and reason).
     pub first_oom: Option<String>,
 }
@@ -213,4 +216,5 @@ pub fn fill<D: Device>(m: &mut Metrics, s: &Stats, dev: &D, pauses: &PauseHistog
     m.plan_refused = s.plan_refused;
     m.plan_arena_bytes = s.plan_arena_bytes;
     m.plans_loaded = s.plans_loaded;
+    m.plans_refined = s.plans_refined;
 }

@@ -13,7 +13,7 @@
 
 use proptest::prelude::*;
 use wasmem::alloc::{AllocError, Allocator, Stats};
-use wasmem::decision::{Plan, PlannerPolicy, PolicyContext, PolicyError, StepProfile, PLAN_ALIGN};
+use wasmem::decision::{Plan, PlannerPolicy, PolicyContext, PolicyError, Refined, StepProfile, PLAN_ALIGN};
 use wasmem::device::sim::{SimConfig, SimDevice};
 use wasmem::types::{Phase, StreamId, TensorId, TensorKind, GIB, KIB, MIB};
 
@@ -537,6 +537,109 @@ fn hostile_planners_are_refused_and_counted() {
         assert_eq!(r.ooms, 0);
         r.finish();
     }
+}
+
+/// A planner that plans as the built-in, with `slack` bytes of arena on
+/// top, and whose search at step ends (`refine`) answers `kind`.
+struct Refining {
+    kind: &'static str,
+    slack: u64,
+}
+
+impl PlannerPolicy for Refining {
+    fn name(&self) -> &str {
+        self.kind
+    }
+    fn plan(&mut self, profile: &StepProfile, _ctx: &PolicyContext) -> Result<Plan, PolicyError> {
+        let p = wasmem::builtin::GreedyPlanner::plan_profile(profile);
+        Ok(Plan { arena_bytes: p.arena_bytes + self.slack, ..p })
+    }
+    fn refine(&mut self, profile: &StepProfile, plan: &Plan, _ctx: &PolicyContext) -> Result<Refined, PolicyError> {
+        let n = profile.requests.len();
+        Ok(match self.kind {
+            // The plan without its slack: cheaper, valid.
+            "better" => Refined::Better(wasmem::builtin::GreedyPlanner::plan_profile(profile)),
+            "same" => Refined::Better(plan.clone()),
+            "costlier" => Refined::Better(Plan { arena_bytes: plan.arena_bytes + 4 * MIB, ..plan.clone() }),
+            "overlap" => Refined::Better(Plan { arena_bytes: 1 << 20, offsets: vec![Some(0); n] }),
+            "wrong-length" => Refined::Better(Plan { arena_bytes: plan.arena_bytes, offsets: vec![Some(0)] }),
+            "not-yet" => Refined::NotYet,
+            "done" => Refined::Done,
+            "trap" => return Err(PolicyError::Trap("unreachable".into())),
+            _ => unreachable!(),
+        })
+    }
+}
+
+/// The arena of the steady (not first-step) plan in the plan cache at `path`.
+fn cached_steady_arena(path: &std::path::Path) -> u64 {
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let plans = v["plans"].as_array().unwrap();
+    let steady: Vec<u64> =
+        plans.iter().filter(|p| p["first"] == false).map(|p| p["arena_bytes"].as_u64().unwrap()).collect();
+    assert_eq!(steady.len(), 1, "{v}");
+    steady[0]
+}
+
+#[test]
+fn a_cheaper_plan_found_at_step_ends_goes_to_the_cache_and_nothing_else_does() {
+    let template = training_step(4, 2 * MIB);
+    let slack = 64 * KIB;
+    let dir = tempfile::tempdir().unwrap();
+    // `steps` steps with a `kind` planner and the plan cache `name`.
+    let run = |kind: &'static str, name: &str, steps: usize| {
+        let path = dir.path().join(name);
+        let mut r = Run::with_planner(2 * GIB, Box::new(Refining { kind, slack }));
+        r.a.use_plan_cache(&path).unwrap();
+        for _ in 0..steps {
+            r.step(&template);
+        }
+        assert_eq!(r.ooms, 0, "{kind}");
+        (r, path)
+    };
+    // A planner with no search to go on: the reference.
+    let (reference, done) = run("done", "done.json", 8);
+    let d = reference.a.stats();
+    assert!(d.plan_hits > 0 && d.plan_arena_bytes > 0, "{d:?}");
+    let planned = cached_steady_arena(&done);
+    for kind in ["better", "same", "costlier", "overlap", "wrong-length", "not-yet", "trap"] {
+        let (r, path) = run(kind, &format!("{kind}.json"), 8);
+        let s = r.a.stats();
+        // The run itself serves the plan it has, whatever the search says.
+        assert_eq!(s.bytes.peak_reserved_bytes, d.bytes.peak_reserved_bytes, "{kind}");
+        assert_eq!((s.plan_hits, s.plan_misses, s.plans), (d.plan_hits, d.plan_misses, d.plans), "{kind}");
+        let cached = cached_steady_arena(&path);
+        match kind {
+            // Found once for each plan, the steady one and the first
+            // step's (the same plan is not cheaper the next time); the
+            // cache holds them.
+            "better" => {
+                assert_eq!((s.plans_refined, s.plan_refused), (2, 0), "{kind}: {s:?}");
+                assert_eq!(cached + slack, planned, "{kind}");
+            }
+            // Refused once for each plan, counted, and not asked again.
+            "overlap" | "wrong-length" | "trap" => {
+                assert_eq!((s.plans_refined, s.plan_refused), (0, 2), "{kind}: {s:?}");
+                assert!(r.a.planner_health().unwrap().last_error.is_some(), "{kind}");
+                assert_eq!(cached, planned, "{kind}");
+            }
+            _ => {
+                assert_eq!((s.plans_refined, s.plan_refused), (0, 0), "{kind}: {s:?}");
+                assert_eq!(cached, planned, "{kind}");
+            }
+        }
+        r.finish();
+    }
+    // The next run starts from the cheaper plans and is served as well:
+    // its arena (the largest of its plans') is smaller by the slack.
+    let (next, _) = run("done", "better.json", 4);
+    let (again, _) = run("done", "done.json", 4);
+    let (n, a) = (next.a.stats(), again.a.stats());
+    assert_eq!((n.plans_loaded, n.plan_misses, n.plan_hits), (a.plans_loaded, a.plan_misses, a.plan_hits), "{n:?}");
+    assert_eq!(n.plan_arena_bytes + slack, a.plan_arena_bytes, "{n:?}\n{a:?}");
+    next.finish();
+    again.finish();
+    reference.finish();
 }
 
 #[test]

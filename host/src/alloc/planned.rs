@@ -62,7 +62,7 @@ use super::slab::{Block, Segment, NIL};
 use super::{ActionKind, AllocError, Allocator, InvariantError, Pool, Tier};
 use crate::decision::{
     cycle_live, validate_aliased, validate_plan, AliasedPlan, AllocRequest, Plan, PlanRequest, PlannerPolicy,
-    ReclaimDecision, StepProfile, PLAN_ALIGN,
+    ReclaimDecision, Refined, StepProfile, PLAN_ALIGN,
 };
 use crate::device::{Device, DevicePtr, PhysHandle};
 use crate::types::{StreamId, TensorId, TensorKind};
@@ -130,6 +130,12 @@ struct StoredPlan {
     /// bytes of each end zone; 0: a plain plan. Its offsets are then
     /// virtual, the second half's in window 1 (`+ arena_bytes / 2`).
     zone: u64,
+    /// Its planner may still find a cheaper plan for the cache
+    /// ([`PlannerPolicy::refine`]; off once it says the search is over, or
+    /// fails).
+    refinable: bool,
+    /// Calls to [`PlannerPolicy::refine`] for it in this run (at most [`MAX_REFINES`]).
+    refines: u32,
 }
 
 impl StoredPlan {
@@ -176,6 +182,8 @@ impl StoredPlan {
             cached: None,
             settled: false,
             zone: 0,
+            refinable: true,
+            refines: 0,
         }
     }
 
@@ -215,6 +223,10 @@ struct CacheState {
     /// `first` is to be planned again from `first_profile` (an end-live
     /// request of the first step was freed: it is not persistent).
     first_stale: bool,
+    /// The planner may still find a cheaper `first` ([`PlannerPolicy::refine`]).
+    first_refinable: bool,
+    /// Calls to [`PlannerPolicy::refine`] for `first` in this run.
+    first_refines: u32,
     /// Something to write at the next step end.
     dirty: bool,
     /// A write failed (warned once).
@@ -222,6 +234,11 @@ struct CacheState {
     /// The file was written in this run.
     written: bool,
 }
+
+/// Most calls to [`PlannerPolicy::refine`] for one plan in a run: a
+/// hundred searches as long as its planning's (the built-in planner at
+/// `effort=100`, over a run's steps).
+const MAX_REFINES: u32 = 100;
 
 /// Marks a planned offset in the kept arena: the one of the persistent
 /// requests of a cached first-step plan (parameters, optimizer states),
@@ -1370,6 +1387,8 @@ impl<D: Device> Allocator<D> {
             }
         } else if worth && !good && !futile && !restored {
             self.make_plan(&profile)?;
+        } else if let Some(i) = served_plan.filter(|_| good && misses == 0 && !first_step) {
+            self.refine_cached_plan(i);
         }
         self.write_plan_cache()?;
         // The profile's buffer serves the next step.
@@ -1477,18 +1496,11 @@ impl<D: Device> Allocator<D> {
         if let Some((profile, persistent)) =
             p.first_for_planning().filter(|_| !p.suspended && p.cache.as_ref().is_some_and(|c| c.first_stale))
         {
-            // (The planner sees the step as it plans it: what it leaves
-            // live is live to its end, whenever a later step freed it.)
-            let mut asked = StepProfile { step: profile.step, requests: profile.requests.clone() };
-            let n = asked.requests.len() as u32;
-            for r in asked.requests.iter_mut().filter(|r| r.freed_at.is_some()) {
-                r.freed_at = r.freed_at.map(|f| f.min(n));
-                r.wraps_to = None;
-            }
-            let plan = self.ask_planner(&asked)?;
+            let plan = self.ask_planner(&first_asked(&profile))?;
             let p = self.planning.as_mut().expect("planning is on");
             let c = p.cache.as_mut().expect("checked");
             c.first_stale = false;
+            c.first_refinable = plan.is_some();
             c.first = plan.map(|plan| CachedPlan { profile, plan, persistent, zone: 0 });
         }
         let p = self.planning.as_mut().expect("planning is on");
@@ -1505,6 +1517,88 @@ impl<D: Device> Allocator<D> {
             Err(_) => {}
         }
         Ok(())
+    }
+
+    /// At the end of a step its plan (`plans[i]`) served without a miss,
+    /// while a plan cache keeps the plans: the planner searches on for a
+    /// cheaper plan ([`PlannerPolicy::refine`], one search budget) of that
+    /// plan's profile or of the first step's, whichever has the larger
+    /// arena (a run from the cache holds the largest of its plans' arenas).
+    /// A valid plan that costs less (its arena, plus what it leaves
+    /// dynamic) replaces the cached one, which the next run starts from
+    /// (this run serves the plans it has: its tensors lie at their
+    /// offsets). An invalid plan or a failure is refused and counted like
+    /// a plan's, and that plan is not refined again; nor is one after
+    /// [`MAX_REFINES`] calls in a run (a search that cannot reach its
+    /// bound costs no step past them; the next run goes on from the cache).
+    fn refine_cached_plan(&mut self, i: usize) {
+        let ctx = self.context();
+        let max_arena = self.device.capacity();
+        let max = self.policies.max_consecutive_failures;
+        let Some(p) = self.planning.as_mut() else { return };
+        let Some(cache) = p.cache.as_ref().filter(|_| !p.health.disabled && !p.suspended) else { return };
+        let steady = p
+            .plans
+            .get(i)
+            .filter(|q| !q.first_only && q.zone == 0 && q.refinable && q.refines < MAX_REFINES)
+            .and_then(|q| q.cached.as_deref());
+        let first =
+            cache.first.as_ref().filter(|f| cache.first_refinable && cache.first_refines < MAX_REFINES && f.zone == 0);
+        let of_first = match (steady, first) {
+            (_, None) => false,
+            (None, Some(_)) => true,
+            (Some(s), Some(f)) => f.plan.arena_bytes > s.plan.arena_bytes,
+        };
+        let (profile, plan) = match (of_first, steady, first) {
+            (true, _, Some(f)) => (first_asked(&f.profile), f.plan.clone()),
+            (false, Some(s), _) => (s.profile.clone(), s.plan.clone()),
+            _ => return,
+        };
+        if of_first {
+            p.cache.as_mut().expect("checked").first_refines += 1;
+        } else {
+            p.plans[i].refines += 1;
+        }
+        let result = p.planner.refine(&profile, &plan, &ctx).and_then(|r| match r {
+            Refined::Better(better) => {
+                validate_plan(&profile, &better, max_arena).map(|()| Refined::Better(better)).map_err(Into::into)
+            }
+            other => Ok(other),
+        });
+        let mut stop = || {
+            if of_first {
+                p.cache.as_mut().expect("checked").first_refinable = false;
+            } else {
+                p.plans[i].refinable = false;
+            }
+        };
+        match result {
+            Ok(Refined::Better(better)) if plan_cost(&profile, &better) < plan_cost(&profile, &plan) => {
+                tracing::debug!(
+                    first = of_first,
+                    arena = better.arena_bytes,
+                    before = plan.arena_bytes,
+                    "a cheaper plan for the plan cache"
+                );
+                let cache = p.cache.as_mut().expect("checked");
+                let kept = if of_first { cache.first.as_mut() } else { p.plans[i].cached.as_deref_mut() };
+                if let Some(c) = kept {
+                    c.plan = better;
+                }
+                cache.dirty = true;
+                self.stats.plans_refined += 1;
+            }
+            Ok(Refined::Better(_) | Refined::NotYet) => {}
+            Ok(Refined::Done) => stop(),
+            Err(e) => {
+                stop();
+                let p = self.planning.as_mut().expect("planning is on");
+                let name = p.planner.name().to_string();
+                p.health.record("planner", &name, &e, max);
+                self.stats.plan_refused += 1;
+                tracing::warn!(planner = %name, error = %e, "refined plan refused; the cached plan stays");
+            }
+        }
     }
 
     /// Asks the planner for a plan of `profile` and validates it; a refused
@@ -1691,6 +1785,8 @@ impl<D: Device> Allocator<D> {
             first_profile: None,
             first_live: BySlot::default(),
             first_stale: false,
+            first_refinable: false,
+            first_refines: 0,
             dirty: false,
             write_failed: false,
             written: false,
@@ -1733,7 +1829,9 @@ impl<D: Device> Allocator<D> {
             p.store(StoredPlan { from_cache: true, ..stored });
             n += 1;
         }
-        p.cache.as_mut().expect("set").first = content.first;
+        let c = p.cache.as_mut().expect("set");
+        c.first_refinable = content.first.is_some();
+        c.first = content.first;
         self.stats.plans_loaded += n as u64;
         tracing::info!(path = %path.display(), plans = n, arena = p.common_arena, "plan cache read");
         Ok(n)
@@ -2528,6 +2626,28 @@ fn windows(offsets: &[Option<u64>], phys: u64, first_only: bool) -> Plan {
     let h = offsets.len() / 2;
     let shift = |k: usize| if first_only || k >= h { phys } else { 0 };
     Plan { arena_bytes: 2 * phys, offsets: offsets.iter().enumerate().map(|(k, o)| o.map(|o| o + shift(k))).collect() }
+}
+
+/// The first step's profile (as a plan cache keeps it) as its planner
+/// sees it: what the step leaves live is live to its end, whenever a later
+/// step freed it.
+fn first_asked(profile: &StepProfile) -> StepProfile {
+    let mut asked = StepProfile { step: profile.step, requests: profile.requests.clone() };
+    let n = asked.requests.len() as u32;
+    for r in asked.requests.iter_mut().filter(|r| r.freed_at.is_some()) {
+        r.freed_at = r.freed_at.map(|f| f.min(n));
+        r.wraps_to = None;
+    }
+    asked
+}
+
+/// What `plan` costs for `profile`: its arena, plus the planned bytes of
+/// the requests it could place (known lifetimes) but leaves dynamic.
+fn plan_cost(profile: &StepProfile, plan: &Plan) -> u64 {
+    let reqs = &profile.requests;
+    let left =
+        (0..reqs.len()).filter(|&k| plan.offsets.get(k).is_none_or(Option::is_none) && reqs[k].plannable(k as u32));
+    left.map(|k| reqs[k].planned_bytes()).fold(plan.arena_bytes, u64::saturating_add)
 }
 
 /// Bytes of the requests of `profile` live at its end past the allocation

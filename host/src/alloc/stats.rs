@@ -108,6 +108,7 @@ impl Stats {
             plan_refused: self.plan_refused - earlier.plan_refused,
             plan_arena_bytes: self.plan_arena_bytes,
             plans_loaded: self.plans_loaded - earlier.plans_loaded,
+            plans_refined: self.plans_refined - earlier.plans_refined,
         }
     }
 }
@@ -187,6 +188,9 @@ pub struct Stats {
     pub plan_arena_bytes: u64,
     /// Plans read from a plan cache (see `alloc::plan_cache`).
     pub plans_loaded: u64,
+    /// Cheaper plans found for the plan cache by searching on at step ends
+    /// (`PlannerPolicy::refine`).
+    pub plans_refined: u64,
 }
 
 /// Durations of "GC pauses": releases of cached memory, each measured as the

@@ -35,7 +35,7 @@
 //! the policy SDK's default planner calls too: the shipped `greedy-planner`
 //! component plans exactly as this one, plan for plan.
 
-use crate::decision::{AliasedPlan, Plan, PlannerPolicy, PolicyContext, PolicyError, StepProfile};
+use crate::decision::{AliasedPlan, Plan, PlannerPolicy, PolicyContext, PolicyError, Refined, StepProfile};
 
 pub use wasmem_plan_core::GREEDY_WORK;
 
@@ -46,14 +46,30 @@ pub use wasmem_plan_core::GREEDY_WORK;
 /// engine's planning deadline; more where planning is offline or a longer
 /// pause at the steps that plan is welcome (`planned?effort=K`, e.g.
 /// `wasmem plan` and planning ahead from a recording).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// It keeps the search of its last [`MAX_SEARCHES`] plans
+/// ([`wasmem_plan_core::Refiner`]), which [`PlannerPolicy::refine`] goes on
+/// with, one budget a call.
+#[derive(Debug)]
 pub struct GreedyPlanner {
     effort: u64,
+    /// The searches of the latest plans, the newest last.
+    searches: Vec<Refiner>,
 }
+
+/// A planned profile and the search that goes on from its plan.
+#[derive(Debug)]
+struct Refiner {
+    requests: Vec<wasmem_plan_core::Request>,
+    search: wasmem_plan_core::Refiner,
+}
+
+/// Most searches a [`GreedyPlanner`] keeps (the engine keeps at most 8 plans).
+pub const MAX_SEARCHES: usize = 8;
 
 impl Default for GreedyPlanner {
     fn default() -> Self {
-        GreedyPlanner { effort: 1 }
+        GreedyPlanner { effort: 1, searches: Vec::new() }
     }
 }
 
@@ -65,7 +81,7 @@ impl GreedyPlanner {
     /// A planner that searches `effort` times as long as the online one
     /// (`1..=`[`MAX_EFFORT`]; clamped into that range).
     pub fn with_effort(effort: u64) -> Self {
-        GreedyPlanner { effort: effort.clamp(1, MAX_EFFORT) }
+        GreedyPlanner { effort: effort.clamp(1, MAX_EFFORT), ..Self::default() }
     }
 
     /// Its search budget, as a multiple of the online one.
@@ -83,6 +99,21 @@ impl GreedyPlanner {
     pub fn plan_of(&self, profile: &StepProfile) -> Plan {
         let requests: Vec<wasmem_plan_core::Request> = profile.requests.iter().map(|r| r.core()).collect();
         let p = wasmem_plan_core::plan_with(&requests, wasmem_plan_core::Effort::times(self.effort));
+        Plan { arena_bytes: p.arena_bytes, offsets: p.offsets }
+    }
+
+    /// [`GreedyPlanner::plan_of`], keeping its search to go on with.
+    fn plan_keeping(&mut self, profile: &StepProfile) -> Plan {
+        let requests: Vec<wasmem_plan_core::Request> = profile.requests.iter().map(|r| r.core()).collect();
+        let search = wasmem_plan_core::Refiner::new(&requests, wasmem_plan_core::Effort::times(self.effort));
+        let p = search.plan().clone();
+        self.searches.retain(|s| s.requests != requests);
+        if !search.done() {
+            if self.searches.len() >= MAX_SEARCHES {
+                self.searches.remove(0);
+            }
+            self.searches.push(Refiner { requests, search });
+        }
         Plan { arena_bytes: p.arena_bytes, offsets: p.offsets }
     }
 
@@ -116,7 +147,43 @@ impl PlannerPolicy for GreedyPlanner {
     }
 
     fn plan(&mut self, profile: &StepProfile, _ctx: &PolicyContext) -> Result<Plan, PolicyError> {
-        Ok(self.plan_of(profile))
+        Ok(self.plan_keeping(profile))
+    }
+
+    fn refine(&mut self, profile: &StepProfile, plan: &Plan, _ctx: &PolicyContext) -> Result<Refined, PolicyError> {
+        let same = |s: &Refiner| {
+            s.requests.len() == profile.requests.len()
+                && s.requests.iter().zip(&profile.requests).all(|(a, b)| *a == b.core())
+        };
+        // A plan this planner did not make here (an earlier run's): a
+        // search from it.
+        let i = match self.searches.iter().position(same) {
+            Some(i) => i,
+            None => {
+                let requests: Vec<wasmem_plan_core::Request> = profile.requests.iter().map(|r| r.core()).collect();
+                let core = wasmem_plan_core::Plan { arena_bytes: plan.arena_bytes, offsets: plan.offsets.clone() };
+                let search =
+                    wasmem_plan_core::Refiner::resume(&requests, &core, wasmem_plan_core::Effort::times(self.effort));
+                if search.done() {
+                    return Ok(Refined::Done);
+                }
+                if self.searches.len() >= MAX_SEARCHES {
+                    self.searches.remove(0);
+                }
+                self.searches.push(Refiner { requests, search });
+                self.searches.len() - 1
+            }
+        };
+        let found = self.searches[i].search.refine();
+        let done = self.searches[i].search.done();
+        if done {
+            self.searches.remove(i);
+        }
+        Ok(match found {
+            Some(p) => Refined::Better(Plan { arena_bytes: p.arena_bytes, offsets: p.offsets }),
+            None if done => Refined::Done,
+            None => Refined::NotYet,
+        })
     }
 
     fn plan_aliased(

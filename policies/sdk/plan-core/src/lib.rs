@@ -296,8 +296,37 @@ impl Effort {
 /// [`plan`] with the search budget `effort` instead of [`Effort::ONLINE`]:
 /// the same plans in the same order, and a longer search. Deterministic.
 pub fn plan_with(requests: &[Request], effort: Effort) -> Plan {
+    match begin(requests, effort) {
+        Begun::Planned(plan) => plan,
+        Begun::Searching { sim, mut search, rounds } => {
+            search.run(requests, rounds);
+            search.or(requests, sim)
+        }
+    }
+}
+
+/// Where [`begin`] leaves a plan: made, or a search to run.
+enum Begun {
+    /// No search: the plan.
+    Planned(Plan),
+    /// The time-order plan, and a search from the cheapest greedy order
+    /// with the rounds the budget leaves it.
+    Searching { sim: Plan, search: Search, rounds: u64 },
+}
+
+/// A plan's cost: its arena, plus the bytes it leaves to the dynamic path
+/// (they need memory too; a request without an offset entry is left).
+fn cost(reqs: &[Request], p: &Plan) -> u64 {
+    let n = reqs.len() as u32;
+    let left =
+        (0..n).filter(|&k| reqs[k as usize].plannable(k) && p.offsets.get(k as usize).is_none_or(Option::is_none));
+    left.map(|k| reqs[k as usize].planned_bytes()).fold(p.arena_bytes, u64::saturating_add)
+}
+
+/// [`plan_with`] up to its search.
+fn begin(requests: &[Request], effort: Effort) -> Begun {
     if requests.len() > MAX_REQUESTS {
-        return Plan { arena_bytes: 0, offsets: vec![None; requests.len()] };
+        return Begun::Planned(Plan { arena_bytes: 0, offsets: vec![None; requests.len()] });
     }
     let reqs = requests;
     let n = reqs.len() as u32;
@@ -313,19 +342,15 @@ pub fn plan_with(requests: &[Request], effort: Effort) -> Plan {
     let sim = in_time_order(reqs);
     let work: u64 = plannable.clone().map(life).fold(0, u64::saturating_add);
     if work > GREEDY_WORK {
-        return sim;
+        return Begun::Planned(sim);
     }
-    // A plan's cost: its arena, plus the bytes it leaves to the dynamic
-    // path (they need memory too); the first plan wins a tie.
-    let cost = |p: &Plan| -> u64 {
-        let left = (0..n).filter(|&k| reqs[k as usize].plannable(k) && p.offsets[k as usize].is_none());
-        left.map(|k| reqs[k as usize].planned_bytes()).fold(p.arena_bytes, u64::saturating_add)
-    };
+    // The first plan wins a tie.
+    let cost = |p: &Plan| cost(reqs, p);
     // No plan costs less than the most planned bytes live at once: once a
     // plan costs that, the later ones cannot win (the first wins a tie).
     let bound = live_bound(reqs);
     if cost(&sim) <= bound {
-        return sim;
+        return Begun::Planned(sim);
     }
     // The best greedy plan so far and its order: the search starts from
     // it, even when the time-order plan costs less (it may end below).
@@ -361,7 +386,7 @@ pub fn plan_with(requests: &[Request], effort: Effort) -> Plan {
         }
         let plan = place(reqs, &order);
         if cost(&plan) <= bound {
-            return plan;
+            return Begun::Planned(plan);
         }
         if greedy.as_ref().is_none_or(|(g, _)| cost(&plan) < cost(g)) {
             greedy = Some((plan, order));
@@ -377,20 +402,18 @@ pub fn plan_with(requests: &[Request], effort: Effort) -> Plan {
         order.sort_unstable_by_key(|&k| (sim.offsets[k as usize], k));
         let plan = place(reqs, &order);
         if cost(&plan) <= bound {
-            return plan;
+            return Begun::Planned(plan);
         }
         if greedy.as_ref().is_none_or(|(g, _)| cost(&plan) <= cost(g)) {
             greedy = Some((plan, order));
         }
     }
-    let Some((g, order)) = greedy else { return sim };
-    let found = search(reqs, order, g, bound, effort.rounds.min(budget / round), &cost);
-    // The time-order plan wins a tie (it was made first).
-    if cost(&found) < cost(&sim) {
-        found
-    } else {
-        sim
-    }
+    let Some((g, order)) = greedy else { return Begun::Planned(sim) };
+    // Later budgets (a [`Refiner`]'s): the whole budget in rounds.
+    let per_budget =
+        effort.rounds.min(if reqs.len() <= effort.requests { effort.visits.saturating_mul(m) / round } else { 0 });
+    let search = Search::new(reqs, order, g, bound, per_budget);
+    Begun::Searching { sim, search, rounds: effort.rounds.min(budget / round) }
 }
 
 /// Block visits per planned request that [`plan`] may spend, in a step of
@@ -402,63 +425,175 @@ pub const SEARCH_VISITS: u64 = 1_000;
 /// Most rounds of that search.
 pub const SEARCH_ROUNDS: u64 = 256;
 
-/// Improves the greedy plan `best` of `order` while it costs more than the
-/// live `bound`: each round swaps one to three requests of the order with
-/// one up to 16 places later (deterministic pseudo-random choices) and
-/// places it again, keeping the new order when its plan costs less, or as
-/// much with no more bytes above the bound (the sum, over the planned
-/// blocks, of what lies above it: on a plateau of equal cost the search
-/// moves towards plans whose top blocks shrink, where a lower arena lies).
-/// At most `rounds` rounds.
-fn search(
-    reqs: &[Request],
-    mut order: Vec<u32>,
-    mut best: Plan,
+/// A search from a greedy order that improves its plan while it costs
+/// more than the live `bound`: each round swaps one to three requests of
+/// the order with one up to 16 places later (deterministic pseudo-random
+/// choices) and places it again, keeping the new order when its plan costs
+/// less, or as much with no more bytes above the bound (the sum, over the
+/// planned blocks, of what lies above it: on a plateau of equal cost the
+/// search moves towards plans whose top blocks shrink, where a lower arena
+/// lies). It can go on later where it stopped ([`Refiner`]).
+#[derive(Debug, Clone)]
+struct Search {
+    order: Vec<u32>,
+    trial: Vec<u32>,
+    best: Plan,
+    /// The best plan's cost and bytes above the bound.
+    best_cost: (u64, u64),
     bound: u64,
-    rounds: u64,
-    cost: &dyn Fn(&Plan) -> u64,
-) -> Plan {
-    let len = order.len();
-    if len < 2 {
-        return best;
+    /// The xorshift64 state: the same choices on every machine, in every
+    /// language's build of this crate.
+    x: u64,
+    /// Rounds in one whole budget (a later call's).
+    per_budget: u64,
+}
+
+impl Search {
+    fn new(reqs: &[Request], order: Vec<u32>, best: Plan, bound: u64, per_budget: u64) -> Self {
+        let best_cost = (cost(reqs, &best), Self::excess(reqs, &best, bound));
+        let trial = order.clone();
+        Search { order, trial, best, best_cost, bound, x: 0x9E37_79B9_7F4A_7C15, per_budget }
     }
-    let excess = |p: &Plan| -> u64 {
+
+    /// Bytes of `p`'s blocks above `bound`.
+    fn excess(reqs: &[Request], p: &Plan, bound: u64) -> u64 {
         p.offsets
             .iter()
             .zip(reqs)
             .filter_map(|(o, r)| o.map(|o| o.saturating_add(r.planned_bytes()).saturating_sub(bound)))
             .sum()
-    };
-    let mut best_cost = (cost(&best), excess(&best));
-    // xorshift64: the same choices on every machine, in every language's
-    // build of this crate.
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut next = move |m: usize| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x % m as u64) as usize
-    };
-    let mut trial = order.clone();
-    for _ in 0..rounds {
-        if best_cost.0 <= bound {
-            break;
-        }
-        trial.copy_from_slice(&order);
-        for _ in 0..1 + next(3) {
-            let i = next(len);
-            let j = (i + 1 + next(16)).min(len - 1);
-            trial.swap(i, j);
-        }
-        let plan = place(reqs, &trial);
-        let c = (cost(&plan), excess(&plan));
-        if c <= best_cost {
-            best_cost = c;
-            best = plan;
-            core::mem::swap(&mut order, &mut trial);
+    }
+
+    fn next(&mut self, m: usize) -> usize {
+        self.x ^= self.x << 13;
+        self.x ^= self.x >> 7;
+        self.x ^= self.x << 17;
+        (self.x % m as u64) as usize
+    }
+
+    /// Whether the search is over: its plan costs the bound, or it has
+    /// nothing to swap.
+    fn over(&self) -> bool {
+        self.best_cost.0 <= self.bound || self.order.len() < 2
+    }
+
+    /// At most `rounds` more rounds.
+    fn run(&mut self, reqs: &[Request], rounds: u64) {
+        let len = self.order.len();
+        for _ in 0..rounds {
+            if self.over() {
+                break;
+            }
+            self.trial.copy_from_slice(&self.order);
+            for _ in 0..1 + self.next(3) {
+                let i = self.next(len);
+                let j = (i + 1 + self.next(16)).min(len - 1);
+                self.trial.swap(i, j);
+            }
+            let plan = place(reqs, &self.trial);
+            let c = (cost(reqs, &plan), Self::excess(reqs, &plan, self.bound));
+            if c <= self.best_cost {
+                self.best_cost = c;
+                self.best = plan;
+                core::mem::swap(&mut self.order, &mut self.trial);
+            }
         }
     }
-    best
+
+    /// Its plan when it costs less than `sim`, else `sim` (the time-order
+    /// plan wins a tie: it was made first).
+    fn or(self, reqs: &[Request], sim: Plan) -> Plan {
+        if self.best_cost.0 < cost(reqs, &sim) {
+            self.best
+        } else {
+            sim
+        }
+    }
+}
+
+/// A plan's search that goes on, one budget at a time, where [`plan_with`]
+/// stopped: what a planner can do at the step ends of a run after it
+/// planned a step (each call as long as that planning's search), to find a
+/// cheaper plan for the next run (a plan cache). Deterministic: after `t`
+/// calls, the same plan on every machine.
+#[derive(Debug, Clone)]
+pub struct Refiner {
+    reqs: Vec<Request>,
+    search: Option<Search>,
+    /// The cheapest plan so far (what [`plan_with`] returned, at first).
+    best: Plan,
+    best_cost: u64,
+}
+
+impl Refiner {
+    /// The search of `plan_with(requests, effort)`, at the point where it
+    /// returned ([`Refiner::plan`] is its plan).
+    pub fn new(requests: &[Request], effort: Effort) -> Self {
+        let (best, search) = match begin(requests, effort) {
+            Begun::Planned(plan) => (plan, None),
+            Begun::Searching { sim, mut search, rounds } => {
+                search.run(requests, rounds);
+                let best = if search.best_cost.0 < cost(requests, &sim) { search.best.clone() } else { sim };
+                (best, Some(search))
+            }
+        };
+        let best_cost = cost(requests, &best);
+        Refiner { reqs: requests.to_vec(), search: search.filter(|s| !s.over() && s.per_budget > 0), best, best_cost }
+    }
+
+    /// A search from `plan`, a plan of `requests` made before (by an
+    /// earlier run, say): its blocks from the bottom up as the order to
+    /// search from; [`Refiner::refine`] finds plans cheaper than `plan`
+    /// (nothing, when it does not have one offset per request).
+    pub fn resume(requests: &[Request], plan: &Plan, effort: Effort) -> Self {
+        let best_cost = cost(requests, plan);
+        let done = Refiner { reqs: Vec::new(), search: None, best: plan.clone(), best_cost };
+        if plan.offsets.len() != requests.len() || requests.len() > MAX_REQUESTS {
+            return done;
+        }
+        let n = requests.len() as u32;
+        let plannable = (0..n).filter(|&k| requests[k as usize].plannable(k));
+        let m = plannable.clone().count() as u64;
+        let round = (m * m / 2).max(1);
+        let per_budget = if requests.len() <= effort.requests { effort.visits.saturating_mul(m) / round } else { 0 };
+        let bound = live_bound(requests);
+        if per_budget == 0 || best_cost <= bound {
+            return done;
+        }
+        let mut order: Vec<u32> = plannable.filter(|&k| plan.offsets[k as usize].is_some()).collect();
+        order.sort_unstable_by_key(|&k| (plan.offsets[k as usize], k));
+        let start = place(requests, &order);
+        let search = Search::new(requests, order, start, bound, effort.rounds.min(per_budget));
+        Refiner { reqs: requests.to_vec(), search: Some(search).filter(|s| !s.over()), ..done }
+    }
+
+    /// The cheapest plan so far.
+    pub fn plan(&self) -> &Plan {
+        &self.best
+    }
+
+    /// Whether searching more cannot find a cheaper plan (the plan costs
+    /// the live bound, or there is no search: a step too large for it, or
+    /// planned without one).
+    pub fn done(&self) -> bool {
+        self.search.is_none()
+    }
+
+    /// Searches one more budget; the new plan when it is cheaper than the
+    /// one before (it plans the same requests, every planned one
+    /// [`Request::plannable`]).
+    pub fn refine(&mut self) -> Option<Plan> {
+        let search = self.search.as_mut()?;
+        search.run(&self.reqs, search.per_budget);
+        let found = (search.best_cost.0 < self.best_cost).then(|| search.best.clone());
+        if search.over() {
+            self.search = None;
+        }
+        let plan = found?;
+        self.best_cost = cost(&self.reqs, &plan);
+        self.best = plan.clone();
+        Some(plan)
+    }
 }
 
 /// The most planned bytes of the plannable requests live at one time of
@@ -867,6 +1002,17 @@ mod tests {
             let (t, g, p) = (in_time_order(&reqs), greedy_by_size(&reqs), plan(&reqs));
             assert!(bound <= cost(&t) && bound <= cost(&g) && bound <= cost(&p));
             assert!(cost(&p) <= cost(&t).min(cost(&g)), "{reqs:?}");
+            // A search that goes on starts from the same plan, and each
+            // plan it finds is valid and cheaper than the one before.
+            let mut refiner = Refiner::new(&reqs, Effort::ONLINE);
+            assert_eq!(refiner.plan(), &p);
+            let mut last = cost(&p);
+            for _ in 0..5 {
+                if let Some(q) = refiner.refine() {
+                    assert!(valid(&reqs, &q) && cost(&q) < last && cost(&q) >= bound, "{reqs:?}");
+                    last = cost(&q);
+                }
+            }
             let longer = plan_with(&reqs, Effort::times(20));
             assert!(valid(&reqs, &p) && valid(&reqs, &longer), "{reqs:?}");
             assert!(bound <= cost(&longer) && cost(&longer) <= cost(&t), "{reqs:?}");
@@ -1005,5 +1151,23 @@ mod tests {
         assert!(valid(&reqs, &longer));
         assert!(longer.offsets.iter().all(Option::is_some));
         assert!(longer.arena_bytes * 1000 <= bound * 1005, "effort 100: {} for {bound}", longer.arena_bytes);
+        // The same search, one online budget at a time: 100 calls reach it
+        // too, and a search from the online plan (made by an earlier run)
+        // finds cheaper plans as well.
+        for mut refiner in [Refiner::new(&reqs, Effort::ONLINE), Refiner::resume(&reqs, &online, Effort::ONLINE)] {
+            let mut calls = 0;
+            while !refiner.done() && calls < 100 {
+                if let Some(p) = refiner.refine() {
+                    assert!(valid(&reqs, &p) && p.offsets.iter().all(Option::is_some));
+                }
+                calls += 1;
+            }
+            let found = refiner.plan().arena_bytes;
+            assert!(found * 1000 <= bound * 1005, "after {calls} calls: {found} for {bound}");
+        }
+        // Nothing to search: a plan at the bound, a plan of another length.
+        let at_bound = Refiner::resume(&reqs, &longer, Effort::ONLINE);
+        assert_eq!(at_bound.done(), longer.arena_bytes <= bound);
+        assert!(Refiner::resume(&reqs, &Plan { arena_bytes: 0, offsets: vec![] }, Effort::ONLINE).done());
     }
 }
