@@ -462,12 +462,19 @@ pub trait PlannerPolicy: Send {
     /// plan cache keeps it: searches on for a cheaper plan of that profile,
     /// as long as planning it took at most (a step's spare time, spent on
     /// the plans the next run of the training starts from; `plan` may come
-    /// from an earlier run's cache). The engine validates a
+    /// from an earlier run's cache, and `searched` says how many such calls
+    /// were spent on it before, in this run and earlier ones). The engine validates a
     /// [`Refined::Better`] plan like any other and keeps it for the cache
     /// only when it costs less (the run itself goes on with the plan it
     /// serves). The default: [`Refined::Done`] (no search to go on).
-    fn refine(&mut self, profile: &StepProfile, plan: &Plan, ctx: &PolicyContext) -> Result<Refined, PolicyError> {
-        let _ = (profile, plan, ctx);
+    fn refine(
+        &mut self,
+        profile: &StepProfile,
+        plan: &Plan,
+        searched: u64,
+        ctx: &PolicyContext,
+    ) -> Result<Refined, PolicyError> {
+        let _ = (profile, plan, searched, ctx);
         Ok(Refined::Done)
     }
     /// The learned state behind this role (see [`PolicyState`]).

@@ -554,7 +554,13 @@ impl PlannerPolicy for Refining {
         let p = wasmem::builtin::GreedyPlanner::plan_profile(profile);
         Ok(Plan { arena_bytes: p.arena_bytes + self.slack, ..p })
     }
-    fn refine(&mut self, profile: &StepProfile, plan: &Plan, _ctx: &PolicyContext) -> Result<Refined, PolicyError> {
+    fn refine(
+        &mut self,
+        profile: &StepProfile,
+        plan: &Plan,
+        _searched: u64,
+        _ctx: &PolicyContext,
+    ) -> Result<Refined, PolicyError> {
         let n = profile.requests.len();
         Ok(match self.kind {
             // The plan without its slack: cheaper, valid.
@@ -622,6 +628,10 @@ fn a_cheaper_plan_found_at_step_ends_goes_to_the_cache_and_nothing_else_does() {
                 assert_eq!((s.plans_refined, s.plan_refused), (0, 2), "{kind}: {s:?}");
                 assert!(r.a.planner_health().unwrap().last_error.is_some(), "{kind}");
                 assert_eq!(cached, planned, "{kind}");
+                // The cache says a search was spent on each (the next run's
+                // search takes other choices).
+                let text = std::fs::read_to_string(&path).unwrap();
+                assert_eq!(text.matches("\"searched\":1,").count(), 2, "{kind}: {text}");
             }
             _ => {
                 assert_eq!((s.plans_refined, s.plan_refused), (0, 0), "{kind}: {s:?}");

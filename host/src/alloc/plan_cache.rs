@@ -91,6 +91,9 @@ struct PlanFile {
     /// second window.
     #[serde(default)]
     zone: u64,
+    /// Searches for a cheaper plan spent on it so far (0 or absent: none).
+    #[serde(default)]
+    searched: u64,
     requests: Vec<Row>,
 }
 
@@ -108,6 +111,9 @@ pub(crate) struct CachedPlan {
     /// such a plan's arena): the bytes of each end zone; `plan.arena_bytes`
     /// is then the physical memory. 0: a plain plan.
     pub zone: u64,
+    /// Searches for a cheaper plan ([`crate::decision::PlannerPolicy::refine`])
+    /// spent on it in the runs so far: the next one goes on from there.
+    pub searched: u64,
 }
 
 impl CachedPlan {
@@ -225,6 +231,7 @@ impl CacheContent {
                 plan: Plan { arena_bytes: f.arena_bytes, offsets },
                 persistent: f.persistent,
                 zone: f.zone,
+                searched: f.searched,
             };
             match c.aliased().filter(|_| !f.first) {
                 Some(a) => validate_aliased(&c.profile, &a, granularity, capacity).map_err(|e| at(e.0))?,
@@ -306,9 +313,10 @@ impl CacheContent {
             }
             let persistent = serde_json::to_string(&c.persistent).map_err(std::io::Error::other)?;
             let zone = if c.zone > 0 { format!("\"zone\":{},", c.zone) } else { String::new() };
+            let searched = if c.searched > 0 { format!("\"searched\":{},", c.searched) } else { String::new() };
             write!(
                 out,
-                "\n{{\"first\":{first},\"arena_bytes\":{},\"persistent\":{persistent},{zone}\"requests\":[",
+                "\n{{\"first\":{first},\"arena_bytes\":{},\"persistent\":{persistent},{zone}{searched}\"requests\":[",
                 c.plan.arena_bytes
             )?;
             for (k, (r, off)) in c.profile.requests.iter().zip(&c.plan.offsets).enumerate() {
@@ -343,12 +351,14 @@ mod tests {
             plan: Plan { arena_bytes: 512, offsets: vec![None, Some(0), Some(0)] },
             persistent: vec![0],
             zone: 0,
+            searched: 0,
         };
         let steady = CachedPlan {
             profile: StepProfile { step: 0, requests: vec![req(512, Some(1)), req(2048, Some(2))] },
             plan: Plan { arena_bytes: 2048, offsets: vec![Some(0), Some(0)] },
             persistent: vec![],
             zone: 0,
+            searched: 0,
         };
         CacheContent { high_water: 1 << 30, period: 2, first: Some(first), plans: vec![steady], unsteady: false }
     }
@@ -378,12 +388,14 @@ mod tests {
             plan: Plan { arena_bytes: 6 * mib, offsets: vec![None, Some(0)] },
             persistent: vec![0],
             zone: 2 * mib,
+            searched: 0,
         };
         let pair = CachedPlan {
             profile: StepProfile { step: 0, requests: vec![req(2 * mib, Some(2)), req(2 * mib, Some(2))] },
             plan: Plan { arena_bytes: 6 * mib, offsets: vec![Some(0), Some(0)] },
             persistent: vec![],
             zone: 2 * mib,
+            searched: 0,
         };
         CacheContent { high_water: 1 << 30, period: 2, first: Some(first), plans: vec![pair], unsteady: false }
     }

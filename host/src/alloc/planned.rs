@@ -1501,7 +1501,7 @@ impl<D: Device> Allocator<D> {
             let c = p.cache.as_mut().expect("checked");
             c.first_stale = false;
             c.first_refinable = plan.is_some();
-            c.first = plan.map(|plan| CachedPlan { profile, plan, persistent, zone: 0 });
+            c.first = plan.map(|plan| CachedPlan { profile, plan, persistent, zone: 0, searched: 0 });
         }
         let p = self.planning.as_mut().expect("planning is on");
         let content = p.cache_content().expect("a cache");
@@ -1549,25 +1549,35 @@ impl<D: Device> Allocator<D> {
             (None, Some(_)) => true,
             (Some(s), Some(f)) => f.plan.arena_bytes > s.plan.arena_bytes,
         };
-        let (profile, plan) = match (of_first, steady, first) {
-            (true, _, Some(f)) => (first_asked(&f.profile), f.plan.clone()),
-            (false, Some(s), _) => (s.profile.clone(), s.plan.clone()),
+        let (profile, plan, searched) = match (of_first, steady, first) {
+            (true, _, Some(f)) => (first_asked(&f.profile), f.plan.clone(), f.searched),
+            (false, Some(s), _) => (s.profile.clone(), s.plan.clone(), s.searched),
             _ => return,
         };
-        if of_first {
-            p.cache.as_mut().expect("checked").first_refines += 1;
+        // The calls spent on it, kept in the cache (written every tenth).
+        let cache = p.cache.as_mut().expect("checked");
+        let kept = if of_first {
+            cache.first_refines += 1;
+            cache.first.as_mut()
         } else {
             p.plans[i].refines += 1;
+            p.plans[i].cached.as_deref_mut()
+        };
+        if let Some(c) = kept {
+            c.searched = searched + 1;
         }
-        let result = p.planner.refine(&profile, &plan, &ctx).and_then(|r| match r {
+        cache.dirty |= (searched + 1).is_multiple_of(10);
+        let result = p.planner.refine(&profile, &plan, searched, &ctx).and_then(|r| match r {
             Refined::Better(better) => {
                 validate_plan(&profile, &better, max_arena).map(|()| Refined::Better(better)).map_err(Into::into)
             }
             other => Ok(other),
         });
         let mut stop = || {
+            let cache = p.cache.as_mut().expect("checked");
+            cache.dirty = true;
             if of_first {
-                p.cache.as_mut().expect("checked").first_refinable = false;
+                cache.first_refinable = false;
             } else {
                 p.plans[i].refinable = false;
             }
@@ -1701,6 +1711,7 @@ impl<D: Device> Allocator<D> {
                             plan: Plan { arena_bytes: aliased.arena_bytes, offsets: aliased.offsets },
                             persistent: Vec::new(),
                             zone: aliased.zone_bytes,
+                            searched: 0,
                         })
                     }
                     None => stored,
@@ -1733,7 +1744,7 @@ impl<D: Device> Allocator<D> {
             return Ok(());
         }
         // The profile is copied only for a plan cache (its buffer serves the next step).
-        let c = CachedPlan { profile: StepProfile::default(), plan, persistent: Vec::new(), zone: 0 };
+        let c = CachedPlan { profile: StepProfile::default(), plan, persistent: Vec::new(), zone: 0, searched: 0 };
         let stored = if p.cache.is_some() {
             let c = CachedPlan { profile: StepProfile { step: profile.step, requests: profile.requests.clone() }, ..c };
             StoredPlan::of(&c, p.common_arena, false, p.steps).keeping(c)
@@ -2968,6 +2979,7 @@ mod tests {
             plan: Plan { arena_bytes: 3 * MIB, offsets: vec![Some(2 * MIB), Some(0)] },
             persistent: vec![],
             zone: 0,
+            searched: 0,
         };
         let requests = vec![
             req(4 * MIB, TensorKind::Param, None, None),
@@ -2980,6 +2992,7 @@ mod tests {
             plan: Plan { arena_bytes: 4 * MIB, offsets: vec![None, Some(extra_at), Some(0), Some(act_at)] },
             persistent: vec![0],
             zone: 0,
+            searched: 0,
         };
         validate_plan(&first.profile, &first.plan, u64::MAX).unwrap();
         validate_plan(&steady.profile, &steady.plan, u64::MAX).unwrap();
@@ -3011,6 +3024,7 @@ mod tests {
             plan: Plan { arena_bytes: 7 * MIB, offsets: vec![Some(0)] },
             persistent: vec![],
             zone: 0,
+            searched: 0,
         };
         let (first, _) = first_and_steady(MIB, 3 * MIB);
         assert_eq!(aligned_first(first.clone(), &[other]), first);
@@ -3035,6 +3049,7 @@ mod tests {
             plan: Plan { arena_bytes: 6 * MIB, offsets: vec![Some(2 * MIB), Some(0), Some(2 * MIB), Some(0)] },
             persistent: vec![],
             zone: 2 * MIB,
+            searched: 0,
         };
         let a = pair.aliased().unwrap();
         validate_aliased(&pair.profile, &a, 2 * MIB, u64::MAX).unwrap();
@@ -3055,6 +3070,7 @@ mod tests {
             plan: Plan { arena_bytes: 5 * MIB, offsets: vec![None, Some(0), Some(MIB), Some(extra_at)] },
             persistent: vec![0],
             zone: 0,
+            searched: 0,
         };
         // The output takes the pair's second output's offset (window 1:
         // physical high zone), the temporary its; the extra buffer, at 3 MiB

@@ -150,7 +150,13 @@ impl PlannerPolicy for GreedyPlanner {
         Ok(self.plan_keeping(profile))
     }
 
-    fn refine(&mut self, profile: &StepProfile, plan: &Plan, _ctx: &PolicyContext) -> Result<Refined, PolicyError> {
+    fn refine(
+        &mut self,
+        profile: &StepProfile,
+        plan: &Plan,
+        searched: u64,
+        _ctx: &PolicyContext,
+    ) -> Result<Refined, PolicyError> {
         let same = |s: &Refiner| {
             s.requests.len() == profile.requests.len()
                 && s.requests.iter().zip(&profile.requests).all(|(a, b)| *a == b.core())
@@ -162,8 +168,8 @@ impl PlannerPolicy for GreedyPlanner {
             None => {
                 let requests: Vec<wasmem_plan_core::Request> = profile.requests.iter().map(|r| r.core()).collect();
                 let core = wasmem_plan_core::Plan { arena_bytes: plan.arena_bytes, offsets: plan.offsets.clone() };
-                let search =
-                    wasmem_plan_core::Refiner::resume(&requests, &core, wasmem_plan_core::Effort::times(self.effort));
+                let effort = wasmem_plan_core::Effort::times(self.effort);
+                let search = wasmem_plan_core::Refiner::resume(&requests, &core, effort, searched);
                 if search.done() {
                     return Ok(Refined::Done);
                 }

@@ -544,8 +544,10 @@ impl Refiner {
     /// A search from `plan`, a plan of `requests` made before (by an
     /// earlier run, say): its blocks from the bottom up as the order to
     /// search from; [`Refiner::refine`] finds plans cheaper than `plan`
-    /// (nothing, when it does not have one offset per request).
-    pub fn resume(requests: &[Request], plan: &Plan, effort: Effort) -> Self {
+    /// (nothing, when it does not have one offset per request). `searched`:
+    /// the calls spent searching from it before (earlier runs): the search
+    /// takes other choices than theirs.
+    pub fn resume(requests: &[Request], plan: &Plan, effort: Effort, searched: u64) -> Self {
         let best_cost = cost(requests, plan);
         let done = Refiner { reqs: Vec::new(), search: None, best: plan.clone(), best_cost };
         if plan.offsets.len() != requests.len() || requests.len() > MAX_REQUESTS {
@@ -563,7 +565,12 @@ impl Refiner {
         let mut order: Vec<u32> = plannable.filter(|&k| plan.offsets[k as usize].is_some()).collect();
         order.sort_unstable_by_key(|&k| (plan.offsets[k as usize], k));
         let start = place(requests, &order);
-        let search = Search::new(requests, order, start, bound, effort.rounds.min(per_budget));
+        let mut search = Search::new(requests, order, start, bound, effort.rounds.min(per_budget));
+        // (splitmix64 of the calls: a nonzero xorshift state of its own.)
+        let mut z = searched.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        search.x = (z ^ (z >> 31)).max(1);
         Refiner { reqs: requests.to_vec(), search: Some(search).filter(|s| !s.over()), ..done }
     }
 
@@ -1154,7 +1161,7 @@ mod tests {
         // The same search, one online budget at a time: 100 calls reach it
         // too, and a search from the online plan (made by an earlier run)
         // finds cheaper plans as well.
-        for mut refiner in [Refiner::new(&reqs, Effort::ONLINE), Refiner::resume(&reqs, &online, Effort::ONLINE)] {
+        for mut refiner in [Refiner::new(&reqs, Effort::ONLINE), Refiner::resume(&reqs, &online, Effort::ONLINE, 0)] {
             let mut calls = 0;
             while !refiner.done() && calls < 100 {
                 if let Some(p) = refiner.refine() {
@@ -1166,8 +1173,8 @@ mod tests {
             assert!(found * 1000 <= bound * 1005, "after {calls} calls: {found} for {bound}");
         }
         // Nothing to search: a plan at the bound, a plan of another length.
-        let at_bound = Refiner::resume(&reqs, &longer, Effort::ONLINE);
+        let at_bound = Refiner::resume(&reqs, &longer, Effort::ONLINE, 0);
         assert_eq!(at_bound.done(), longer.arena_bytes <= bound);
-        assert!(Refiner::resume(&reqs, &Plan { arena_bytes: 0, offsets: vec![] }, Effort::ONLINE).done());
+        assert!(Refiner::resume(&reqs, &Plan { arena_bytes: 0, offsets: vec![] }, Effort::ONLINE, 0).done());
     }
 }
