@@ -7,7 +7,8 @@
 //! builtin: a name of `builtin::BUILTIN_NAMES` (naive, pytorch, lifecycle, defrag: every role;
 //!          planned: every role and a planner), or of `builtin::EVICTION_NAMES` (lru, dtr, belady:
 //!          the eviction role only). Built-ins take no configuration, but `planned?effort=K`
-//!          (its planner searches K times as long as online, 1 ≤ K ≤ 10,000)
+//!          (its planner searches K times as long as online, 1 ≤ K ≤ 10,000) and
+//!          `planned?refine=off` (no search at step ends for the plan cache)
 //! other  : anything else, handed to a [`PartLoader`] (the WebAssembly runtime
 //!          loads shipped policy names and `.wasm` paths)
 //! ```
@@ -51,7 +52,7 @@ pub enum SpecError {
         config: String,
     },
     /// The configuration of the built-in `planned` is not `effort=K`.
-    #[error("policy `planned?{config}`: {why} (`planned` takes `effort=K`, K from 1 to 10000)")]
+    #[error("policy `planned?{config}`: {why} (`planned` takes `effort=K`, K from 1 to 10000, and `refine=on|off`)")]
     PlannedConfig {
         /// The configuration given.
         config: String,
@@ -377,7 +378,13 @@ mod tests {
 
     #[test]
     fn planned_takes_a_search_effort_and_nothing_else() {
-        for spec in ["planned?effort=100", "planned?effort=1", "planned?", "planned?effort=10000"] {
+        for spec in [
+            "planned?effort=100",
+            "planned?effort=1",
+            "planned?",
+            "planned?effort=10000",
+            "planned?effort=5,refine=off",
+        ] {
             let r = resolve(spec, &Builtins).unwrap_or_else(|e| panic!("{spec}: {e}"));
             assert_eq!(r.planner.as_ref().map(|p| p.name()), Some("greedy"), "{spec}");
         }
@@ -387,6 +394,7 @@ mod tests {
             ("planned?effort=lots", "not a whole number"),
             ("planned?depth=3", "unknown key `depth`"),
             ("planned?effort", "not KEY=VALUE"),
+            ("planned?refine=maybe", "not on or off"),
         ] {
             let e = resolve(spec, &Builtins).err().unwrap_or_else(|| panic!("{spec} resolved"));
             assert!(matches!(e, SpecError::PlannedConfig { .. }), "{spec}: {e:?}");

@@ -108,10 +108,10 @@ fn a_longer_search_plans_closer_to_the_bound_online_and_offline() {
     // Three runs with a plan cache: the first learns, the next two start
     // from the file. With effort 100 the first plans at the bound; with the
     // online effort its plan is 1.12× the bound, but every step it serves
-    // searches on for the cache (`plans_refined`): without that the next
-    // run was 1.0476.
+    // searches on for the cache (`plans_refined`): without that
+    // (`refine=off`) the next runs are 1.0476.
     let runs = |policy: &str| -> Vec<Value> {
-        let cache = dir.path().join(format!("{}.json", policy.len()));
+        let cache = dir.path().join(format!("{}.json", policy.replace(['?', '=', ','], "_")));
         let run = || {
             let mut cmd = wasmem();
             cmd.args(["replay", "--json", "--policy", policy, "--plan-cache"]).arg(&cache).arg(&trace);
@@ -134,6 +134,10 @@ fn a_longer_search_plans_closer_to_the_bound_online_and_offline() {
     assert!(u(&online[0], "plans_refined") >= 1, "{}", online[0]);
     let (first, second) = (overhead(&online[1]), overhead(&online[2]));
     assert!(first <= 1.01 && second <= first, "warm runs, online effort: {first}, then {second}");
+    // Without the search at step ends, the cache keeps the first plan.
+    let off = runs("planned?refine=off");
+    assert!(off.iter().all(|r| u(r, "plans_refined") == 0), "{off:?}");
+    assert!(overhead(&off[2]) > 1.02, "{}", off[2]);
 }
 
 #[test]

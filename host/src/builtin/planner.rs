@@ -49,10 +49,13 @@ pub use wasmem_plan_core::GREEDY_WORK;
 ///
 /// It keeps the search of its last [`MAX_SEARCHES`] plans
 /// ([`wasmem_plan_core::Refiner`]), which [`PlannerPolicy::refine`] goes on
-/// with, one budget a call.
+/// with, one budget a call (unless `planned?refine=off`: no search at
+/// step ends).
 #[derive(Debug)]
 pub struct GreedyPlanner {
     effort: u64,
+    /// Whether [`PlannerPolicy::refine`] searches.
+    refine: bool,
     /// The searches of the latest plans, the newest last.
     searches: Vec<Refiner>,
 }
@@ -69,7 +72,7 @@ pub const MAX_SEARCHES: usize = 8;
 
 impl Default for GreedyPlanner {
     fn default() -> Self {
-        GreedyPlanner { effort: 1, searches: Vec::new() }
+        GreedyPlanner { effort: 1, refine: true, searches: Vec::new() }
     }
 }
 
@@ -102,8 +105,16 @@ impl GreedyPlanner {
         Plan { arena_bytes: p.arena_bytes, offsets: p.offsets }
     }
 
+    /// Whether it searches on at step ends ([`PlannerPolicy::refine`]).
+    pub fn refines(&self) -> bool {
+        self.refine
+    }
+
     /// [`GreedyPlanner::plan_of`], keeping its search to go on with.
     fn plan_keeping(&mut self, profile: &StepProfile) -> Plan {
+        if !self.refine {
+            return self.plan_of(profile);
+        }
         let requests: Vec<wasmem_plan_core::Request> = profile.requests.iter().map(|r| r.core()).collect();
         let search = wasmem_plan_core::Refiner::new(&requests, wasmem_plan_core::Effort::times(self.effort));
         let p = search.plan().clone();
@@ -118,7 +129,8 @@ impl GreedyPlanner {
     }
 
     /// Parses a `planned?CONFIG` configuration: `effort=K` (`K` from 1 to
-    /// [`MAX_EFFORT`]) or nothing. The error says what is wrong.
+    /// [`MAX_EFFORT`]) and `refine=on|off`, separated by `,` or `&`, or
+    /// nothing. The error says what is wrong.
     pub fn from_config(config: &str) -> Result<Self, String> {
         let mut planner = Self::default();
         for item in config.split([',', '&']).map(str::trim).filter(|s| !s.is_empty()) {
@@ -134,7 +146,14 @@ impl GreedyPlanner {
                     }
                     planner.effort = k;
                 }
-                other => return Err(format!("unknown key `{other}` (the only key is `effort`)")),
+                "refine" => {
+                    planner.refine = match value.trim() {
+                        "on" | "true" | "1" => true,
+                        "off" | "false" | "0" => false,
+                        v => return Err(format!("refine `{v}` is not on or off")),
+                    }
+                }
+                other => return Err(format!("unknown key `{other}` (the keys are `effort` and `refine`)")),
             }
         }
         Ok(planner)
@@ -157,6 +176,9 @@ impl PlannerPolicy for GreedyPlanner {
         searched: u64,
         _ctx: &PolicyContext,
     ) -> Result<Refined, PolicyError> {
+        if !self.refine {
+            return Ok(Refined::Done);
+        }
         let same = |s: &Refiner| {
             s.requests.len() == profile.requests.len()
                 && s.requests.iter().zip(&profile.requests).all(|(a, b)| *a == b.core())
