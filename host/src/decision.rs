@@ -363,7 +363,7 @@ pub const PLAN_ALIGN: u64 = wasmem_plan_core::ALIGN;
 
 /// One request of a profiled step, as a planner sees it. Time is counted in
 /// requests: request `k` is allocated at time `k`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PlanRequest {
     /// Requested bytes (the planned block is this, rounded up to [`PLAN_ALIGN`]).
     pub bytes: u64,

@@ -10,13 +10,35 @@
 //! the same lifetimes one step later, per step. The exact lower bound of
 //! every planner, the peak of live bytes rounded to [`PLAN_ALIGN`], is
 //! reported beside it.
+//!
+//! A whole trace is one long profile, where a planner's search has little
+//! room; its structure helps. Besides the planner's plan of the whole
+//! ([`Composition::Whole`]), two compositions of the planner's plans of
+//! parts are tried, and the cheapest valid plan wins (the whole on a tie):
+//!
+//! - [`Composition::Floor`]: the tensors that never leave (parameters,
+//!   optimizer states) stacked in allocation order at the bottom, the
+//!   planner's plan of the rest above them;
+//! - [`Composition::Steps`] (traces with `step_end` markers): each step
+//!   becomes a profile of its own — the tensors live when it begins, as if
+//!   allocated first, then its own requests, those that outlive it live to
+//!   its end — planned like the whole (the cheaper of its plan and its
+//!   floor composition; alike steps are planned once). The steps are then
+//!   placed from the one with the largest plan down, each request at its
+//!   offset in its step's plan when that place is free
+//!   ([`wasmem_plan_core::place_hinted`]), else at the best-fitting gap: the
+//!   largest step keeps its layout, the others fit around what crosses into
+//!   them.
 
 use std::time::Instant;
 
 use rustc_hash::FxHashMap;
 
-use crate::decision::{validate_plan, PlanRequest, PlannerPolicy, PolicyContext, PolicyError, StepProfile, PLAN_ALIGN};
+use crate::decision::{
+    validate_plan, Plan, PlanRequest, PlannerPolicy, PolicyContext, PolicyError, StepProfile, PLAN_ALIGN,
+};
 use crate::trace::Event;
+use crate::types::Phase;
 use crate::types::StreamId;
 use crate::workload::{Workload, WorkloadError};
 
@@ -38,11 +60,43 @@ pub struct OfflinePlan {
     pub arena_bytes: u64,
     /// `arena_bytes / peak_live_bytes` (1 for an empty workload).
     pub overhead_ratio: f64,
-    /// Seconds the planner took.
+    /// Seconds the planner took (every plan of the whole and of its parts,
+    /// and their composition).
     pub plan_seconds: f64,
+    /// Which plan was kept.
+    pub composition: Composition,
+    /// Steps of the workload (`step_end` markers).
+    pub steps: u64,
     /// Always true: the plan knew every lifetime in advance.
     pub offline_bound: bool,
 }
+
+/// How an offline plan was made (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Composition {
+    /// The planner's plan of the whole workload.
+    Whole,
+    /// The tensors that never leave at the bottom, the plan of the rest above.
+    Floor,
+    /// The plans of the steps, composed.
+    Steps,
+}
+
+impl Composition {
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Composition::Whole => "whole",
+            Composition::Floor => "floor",
+            Composition::Steps => "steps",
+        }
+    }
+}
+
+/// Most distinct step profiles [`Composition::Steps`] plans (the largest
+/// by live bytes); the other steps are placed after them without hints.
+pub const MAX_STEP_PLANS: usize = 64;
 
 /// Why a workload cannot be planned.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +130,8 @@ pub fn plan_offline(w: &Workload, planner: &mut dyn PlannerPolicy) -> Result<Off
     let mut requests: Vec<PlanRequest> = Vec::new();
     let mut live: FxHashMap<u64, u32> = FxHashMap::default();
     let (mut live_bytes, mut peak_live) = (0u64, 0u64);
+    // The requests made before each `step_end`.
+    let mut cuts: Vec<u32> = Vec::new();
     let at = |i: u64| w.locate(i).unwrap_or_else(|| format!("{} event {}", w.name(), i + 1));
     for (i, ev) in w.events()?.enumerate() {
         let i = i as u64;
@@ -100,6 +156,7 @@ pub fn plan_offline(w: &Workload, planner: &mut dyn PlannerPolicy) -> Result<Off
                 r.freed_at = Some(now);
                 live_bytes -= r.bytes;
             }
+            Event::Phase { phase: Phase::StepEnd, .. } => cuts.push(requests.len() as u32),
             _ => {}
         }
     }
@@ -113,16 +170,25 @@ pub fn plan_offline(w: &Workload, planner: &mut dyn PlannerPolicy) -> Result<Off
     let ctx = PolicyContext { capacity_bytes: u64::MAX, ..PolicyContext::default() };
     let name = planner.name().to_string();
     let t0 = Instant::now();
-    let plan = planner
-        .plan(&profile, &ctx)
-        .and_then(|p| validate_plan(&profile, &p, u64::MAX).map(|()| p).map_err(PolicyError::from))
-        .map_err(|cause| OfflinePlanError::Planner { planner: name.clone(), cause })?;
-    let plan_seconds = t0.elapsed().as_secs_f64();
-    let unplanned = plan.offsets.iter().filter(|o| o.is_none()).count();
-    if unplanned > 0 {
-        let cause = PolicyError::InvalidDecision(format!("{unplanned} requests left unplanned"));
-        return Err(OfflinePlanError::Planner { planner: name, cause });
+    let mut parts = Parts { planner, ctx };
+    let failed = |cause| OfflinePlanError::Planner { planner: name.clone(), cause };
+    let mut plan = parts.ask(&profile.requests).map_err(failed)?;
+    let mut composition = Composition::Whole;
+    let windows = steps(n, &cuts);
+    if plan.arena_bytes > lower_bound {
+        if let Some(p) = parts.floored(&profile.requests, Above::Plan).filter(|p| p.arena_bytes < plan.arena_bytes) {
+            (plan, composition) = (p, Composition::Floor);
+        }
     }
+    if plan.arena_bytes > lower_bound && windows.len() > 1 {
+        let floored = parts.floored(&profile.requests, Above::Steps(&cuts));
+        for p in [floored, parts.by_steps(&profile.requests, &windows)].into_iter().flatten() {
+            if p.arena_bytes < plan.arena_bytes {
+                (plan, composition) = (p, Composition::Steps);
+            }
+        }
+    }
+    let plan_seconds = t0.elapsed().as_secs_f64();
     let arena = plan.arena_bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
     Ok(OfflinePlan {
         trace: w.name().to_string(),
@@ -133,8 +199,203 @@ pub fn plan_offline(w: &Workload, planner: &mut dyn PlannerPolicy) -> Result<Off
         arena_bytes: arena,
         overhead_ratio: if peak_live == 0 { 1.0 } else { arena as f64 / peak_live as f64 },
         plan_seconds,
+        composition,
+        steps: cuts.len() as u64,
         offline_bound: true,
     })
+}
+
+/// The steps of a profile of `n` requests cut after the request counts
+/// `cuts`: `[start, end)` in requests, none empty (requests after the last
+/// cut are one more step).
+fn steps(n: u32, cuts: &[u32]) -> Vec<(u32, u32)> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for &c in cuts.iter().chain([&n]) {
+        if c > start && c <= n {
+            out.push((start, c));
+            start = c;
+        }
+    }
+    out
+}
+
+/// How [`Parts::floored`] plans what lies above the floor.
+#[derive(Clone, Copy)]
+enum Above<'a> {
+    /// The planner's plan.
+    Plan,
+    /// [`Parts::by_steps`] with the steps cut after these request counts
+    /// (of the whole).
+    Steps(&'a [u32]),
+}
+
+/// The planner, asked for plans of parts of a workload.
+struct Parts<'a> {
+    planner: &'a mut dyn PlannerPolicy,
+    ctx: PolicyContext,
+}
+
+impl Parts<'_> {
+    /// The planner's plan of `requests` (all of them lifetimes within the
+    /// profile), validated, with every request planned.
+    fn ask(&mut self, requests: &[PlanRequest]) -> Result<Plan, PolicyError> {
+        let profile = StepProfile { step: 0, requests: requests.to_vec() };
+        let plan = self.planner.plan(&profile, &self.ctx)?;
+        validate_plan(&profile, &plan, u64::MAX)?;
+        let unplanned = plan.offsets.iter().filter(|o| o.is_none()).count();
+        if unplanned > 0 {
+            return Err(PolicyError::InvalidDecision(format!("{unplanned} requests left unplanned")));
+        }
+        Ok(plan)
+    }
+
+    /// The cheaper of [`Parts::ask`] and [`Parts::floored`]; `None` when
+    /// the planner fails.
+    fn best(&mut self, requests: &[PlanRequest]) -> Option<Plan> {
+        let p = self.ask(requests).ok()?;
+        match self.floored(requests, Above::Plan) {
+            Some(q) if q.arena_bytes < p.arena_bytes => Some(q),
+            _ => Some(p),
+        }
+    }
+
+    /// [`Composition::Floor`] of `requests`, the rest planned as `above`
+    /// says: `None` when nothing stays to the end, or only that, or the
+    /// rest has no plan.
+    fn floored(&mut self, requests: &[PlanRequest], above: Above) -> Option<Plan> {
+        let n = requests.len() as u32;
+        // The floor: tensors that stay to the end, allocated by the time of
+        // the live peak (there, they are live anyway; one allocated later
+        // would raise the peak by its bytes).
+        let mut delta = vec![0i128; requests.len() + 1];
+        for (k, r) in requests.iter().enumerate() {
+            let f = r.freed_at.unwrap_or(n).clamp(k as u32 + 1, n);
+            delta[k] += i128::from(r.planned_bytes());
+            delta[f as usize] -= i128::from(r.planned_bytes());
+        }
+        let (mut live, mut peak, mut peak_at) = (0i128, -1i128, 0u32);
+        for (t, d) in delta.iter().enumerate().take(requests.len()) {
+            live += d;
+            if live > peak {
+                (peak, peak_at) = (live, t as u32);
+            }
+        }
+        let (floor, rest): (Vec<u32>, Vec<u32>) =
+            (0..n).partition(|&k| k <= peak_at && requests[k as usize].freed_at == Some(n));
+        if floor.is_empty() || rest.is_empty() {
+            return None;
+        }
+        // The rest alone: time counts its own requests.
+        let m = rest.len() as u32;
+        let sub: Vec<PlanRequest> = rest
+            .iter()
+            .enumerate()
+            .map(|(i, &k)| {
+                let r = requests[k as usize];
+                let f = r.freed_at.map_or(m, |f| rest.partition_point(|&j| j < f) as u32);
+                PlanRequest { freed_at: Some(f.clamp(i as u32 + 1, m)), wraps_to: None, ..r }
+            })
+            .collect();
+        let above = match above {
+            Above::Plan => self.ask(&sub).ok()?,
+            Above::Steps(cuts) => {
+                let cuts: Vec<u32> = cuts.iter().map(|&c| rest.partition_point(|&j| j < c) as u32).collect();
+                self.by_steps(&sub, &steps(m, &cuts))?
+            }
+        };
+        let mut offsets = vec![None; requests.len()];
+        let mut top = 0u64;
+        for &k in &floor {
+            offsets[k as usize] = Some(top);
+            top = top.checked_add(requests[k as usize].planned_bytes())?;
+        }
+        for (&k, off) in rest.iter().zip(&above.offsets) {
+            offsets[k as usize] = Some(top.checked_add((*off)?)?);
+        }
+        Some(Plan { arena_bytes: top.checked_add(above.arena_bytes)?, offsets })
+    }
+
+    /// [`Composition::Steps`] of `reqs` cut into `windows`: `None` when
+    /// the planner planned no step, or the composed plan is not valid.
+    fn by_steps(&mut self, reqs: &[PlanRequest], windows: &[(u32, u32)]) -> Option<Plan> {
+        // Each step's profile: what is live at its start, then its own.
+        let subs: Vec<(Vec<u32>, Vec<PlanRequest>)> = windows
+            .iter()
+            .map(|&(c0, c1)| {
+                let idx: Vec<u32> =
+                    (0..c0).filter(|&k| reqs[k as usize].freed_at.is_none_or(|f| f > c0)).chain(c0..c1).collect();
+                let (m, before) = (idx.len() as u32, idx.len() as u32 - (c1 - c0));
+                let sub = idx
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &k)| {
+                        let r = reqs[k as usize];
+                        let f = r.freed_at.filter(|&f| f < c1).map_or(m, |f| before + f.saturating_sub(c0));
+                        PlanRequest { freed_at: Some(f.clamp(i as u32 + 1, m)), wraps_to: None, ..r }
+                    })
+                    .collect();
+                (idx, sub)
+            })
+            .collect();
+        // Alike steps planned once, the largest first.
+        let mut by_live: Vec<usize> = (0..subs.len()).collect();
+        let live = |i: usize| {
+            let all: Vec<Option<u64>> = vec![Some(0); subs[i].1.len()];
+            crate::decision::cycle_live(&subs[i].1, &all).into_iter().max().unwrap_or(0)
+        };
+        let lives: Vec<u64> = (0..subs.len()).map(live).collect();
+        by_live.sort_by_key(|&i| (std::cmp::Reverse(lives[i]), i));
+        let mut plans: FxHashMap<&[PlanRequest], Option<Plan>> = FxHashMap::default();
+        let mut planned: Vec<(u64, usize)> = Vec::new();
+        let mut unplanned: Vec<usize> = Vec::new();
+        for i in by_live {
+            let sub = subs[i].1.as_slice();
+            if !plans.contains_key(sub) && plans.len() < MAX_STEP_PLANS {
+                let p = self.best(sub);
+                plans.insert(sub, p);
+            }
+            match plans.get(sub) {
+                Some(Some(p)) => planned.push((p.arena_bytes, i)),
+                _ => unplanned.push(i),
+            }
+        }
+        if planned.is_empty() {
+            return None;
+        }
+        planned.sort_by_key(|&(arena, i)| (std::cmp::Reverse(arena), i));
+        unplanned.sort_unstable();
+        // The order to place in: each step's blocks from the bottom up with
+        // their offsets as hints, then the steps without a plan in time
+        // order; each request where it first comes.
+        let mut seen = vec![false; reqs.len()];
+        let mut order: Vec<(u32, Option<u64>)> = Vec::with_capacity(reqs.len());
+        for &(_, i) in &planned {
+            let (idx, sub) = &subs[i];
+            let Some(Some(p)) = plans.get(sub.as_slice()) else { continue };
+            let mut blocks: Vec<(u64, u32)> =
+                idx.iter().zip(&p.offsets).filter_map(|(&k, o)| o.map(|o| (o, k))).collect();
+            blocks.sort_unstable();
+            for (o, k) in blocks {
+                if !std::mem::replace(&mut seen[k as usize], true) {
+                    order.push((k, Some(o)));
+                }
+            }
+        }
+        for i in unplanned {
+            for &k in &subs[i].0 {
+                if !std::mem::replace(&mut seen[k as usize], true) {
+                    order.push((k, None));
+                }
+            }
+        }
+        let core: Vec<wasmem_plan_core::Request> = reqs.iter().map(|r| r.core()).collect();
+        let p = wasmem_plan_core::place_hinted(&core, &order);
+        let plan = Plan { arena_bytes: p.arena_bytes, offsets: p.offsets };
+        let complete = plan.offsets.iter().all(Option::is_some);
+        let profile = StepProfile { step: 0, requests: reqs.to_vec() };
+        (complete && validate_plan(&profile, &plan, u64::MAX).is_ok()).then_some(plan)
+    }
 }
 
 #[cfg(test)]
@@ -181,6 +442,108 @@ mod tests {
         let p = plan_offline(&w, &mut GreedyPlanner::default()).unwrap();
         let ratio = p.arena_bytes as f64 / p.lower_bound_bytes as f64;
         assert!(ratio <= 1.005, "offline plan {ratio:.5} of its bound");
+    }
+
+    /// The whole of `w` as one profile, as [`plan_offline`] hands it.
+    fn whole(w: &Workload) -> StepProfile {
+        let mut out = Vec::new();
+        plan_offline(w, &mut Recorder(&mut out)).unwrap();
+        out.swap_remove(0)
+    }
+
+    /// A planner that plans greedily and keeps the profiles it is asked.
+    struct Recorder<'a>(&'a mut Vec<StepProfile>);
+    impl PlannerPolicy for Recorder<'_> {
+        fn name(&self) -> &str {
+            "recorder"
+        }
+        fn plan(&mut self, profile: &StepProfile, _ctx: &PolicyContext) -> Result<Plan, PolicyError> {
+            self.0.push(profile.clone());
+            Ok(GreedyPlanner::plan_profile(profile))
+        }
+    }
+
+    #[test]
+    fn the_plans_of_the_steps_composed_reach_the_bound_where_the_whole_does_not() {
+        // A small GPT-2 (1 layer, hidden 384, AdamW, 7 steps): planned as one
+        // profile the trace ends 4 % above its bound; each step (with what
+        // crosses into it) is planned to its own bound, and with the
+        // parameters and optimizer states as a floor the steps compose to
+        // the bound exactly.
+        let spec = crate::model::ModelSpec {
+            layers: 1,
+            hidden: 384,
+            heads: 6,
+            kv_heads: 6,
+            intermediate: 1536,
+            vocab: 8000,
+            seq: 256,
+            batch: 1,
+            dtype_bytes: 4,
+            optimizer: crate::model::Optimizer::Adamw,
+            checkpointing: false,
+            steps: 7,
+            ..crate::model::ModelSpec::preset("tiny").unwrap()
+        };
+        let w = Workload::from_events("gpt2-small", crate::synth::synth(&spec).unwrap());
+        let p = plan_offline(&w, &mut GreedyPlanner::default()).unwrap();
+        assert_eq!((p.composition, p.steps), (Composition::Steps, 7));
+        assert_eq!(p.arena_bytes, p.lower_bound_bytes);
+        let profile = whole(&w);
+        let alone = GreedyPlanner::plan_profile(&profile);
+        let ratio = alone.arena_bytes as f64 / p.lower_bound_bytes as f64;
+        assert!(ratio > 1.01, "the whole alone: {ratio:.5}");
+        // The planner was asked for the whole, the floor's rest, and each
+        // distinct step profile (alike steps once).
+        let mut asked = Vec::new();
+        plan_offline(&w, &mut Recorder(&mut asked)).unwrap();
+        assert!(asked.len() > 3 && asked.len() < 2 + 2 * 2 * 7, "{} profiles", asked.len());
+        assert_eq!(asked[0], profile);
+        for a in &asked[1..] {
+            assert!(a.requests.len() < profile.requests.len());
+            assert!(a.requests.iter().enumerate().all(|(k, r)| r.freed_at.is_some_and(|f| f as usize > k)));
+        }
+    }
+
+    /// A planner that plans the first profile greedily and fails, or
+    /// answers nonsense, on every other.
+    struct FirstOnly(u32, bool);
+    impl PlannerPolicy for FirstOnly {
+        fn name(&self) -> &str {
+            "first-only"
+        }
+        fn plan(&mut self, profile: &StepProfile, _ctx: &PolicyContext) -> Result<Plan, PolicyError> {
+            self.0 += 1;
+            match (self.0, self.1) {
+                (1, _) => Ok(GreedyPlanner::plan_profile(profile)),
+                (_, true) => Err(PolicyError::InvalidDecision("no".into())),
+                _ => Ok(Plan { arena_bytes: 512, offsets: vec![Some(0); profile.requests.len()] }),
+            }
+        }
+    }
+
+    #[test]
+    fn parts_a_planner_cannot_plan_leave_its_plan_of_the_whole() {
+        let spec = crate::model::ModelSpec { steps: 4, ..crate::model::ModelSpec::preset("tiny").unwrap() };
+        let w = Workload::from_events("tiny", crate::synth::synth(&spec).unwrap());
+        let alone = GreedyPlanner::plan_profile(&whole(&w));
+        for fails in [true, false] {
+            let mut planner = FirstOnly(0, fails);
+            let p = plan_offline(&w, &mut planner).unwrap();
+            assert_eq!(
+                (p.composition, p.arena_bytes),
+                (Composition::Whole, alone.arena_bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN)
+            );
+            assert!(planner.0 > 1, "parts were asked");
+        }
+    }
+
+    #[test]
+    fn steps_are_cut_after_each_step_end() {
+        assert_eq!(steps(10, &[3, 3, 7]), vec![(0, 3), (3, 7), (7, 10)]);
+        assert_eq!(steps(10, &[0, 10]), vec![(0, 10)]);
+        assert_eq!(steps(0, &[]), Vec::<(u32, u32)>::new());
+        assert_eq!(steps(5, &[2, 9]), vec![(0, 2), (2, 5)]);
     }
 
     #[test]

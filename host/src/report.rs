@@ -62,6 +62,7 @@ pub fn plan_text(p: &OfflinePlan) -> String {
          peak live         {}\n\
          lower bound       {} ({:.4} × peak live: every block rounded to {} B)\n\
          planned arena     {} ({:.4} × peak live)\n\
+         composition       {} ({} steps)\n\
          planning time     {:.1} ms\n",
         p.trace,
         p.planner,
@@ -72,6 +73,8 @@ pub fn plan_text(p: &OfflinePlan) -> String {
         crate::decision::PLAN_ALIGN,
         human_bytes(p.arena_bytes),
         p.overhead_ratio,
+        p.composition.name(),
+        p.steps,
         p.plan_seconds * 1e3,
     )
 }

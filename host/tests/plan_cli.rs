@@ -63,6 +63,7 @@ fn offline_plans_reach_the_bound() {
 
 /// A one-layer model with AdamW (a random synth configuration): its step's
 /// online plan is 1.12× its live bound; `planned?effort=100` reaches it.
+/// Offline, the whole trace as one profile is planned 1.04× its bound.
 const ADAMW_1_LAYER: [&str; 26] = [
     "--preset",
     "tiny",
@@ -98,13 +99,16 @@ fn a_longer_search_plans_closer_to_the_bound_online_and_offline() {
     let trace = dir.path().join("adamw.jsonl.gz");
     let out = wasmem().arg("synth").args(ADAMW_1_LAYER).arg("-o").arg(&trace).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    // Offline: the default (effort 100) against online planning's effort.
+    // Offline, the trace planned as one profile is above 1.02 of its bound
+    // at either effort; its steps' plans composed reach the bound even at
+    // online planning's effort.
     let offline = |policy: &[&str]| {
         let plans = json_lines(wasmem().args(["plan", "--json"]).args(policy).arg(&trace));
+        assert_eq!((plans[0]["composition"].as_str(), u(&plans[0], "steps")), (Some("steps"), 7), "{}", plans[0]);
         checked_plan(&plans[0])
     };
     let (longer, online) = (offline(&[]), offline(&["--policy", "planned"]));
-    assert!(longer < online && online > 1.02, "offline: effort 100 {longer}, online effort {online}");
+    assert!(longer <= 1.0005 && online <= 1.0005, "offline: effort 100 {longer}, online effort {online}");
     // Three runs with a plan cache: the first learns, the next two start
     // from the file. With effort 100 the first plans at the bound; with the
     // online effort its plan is 1.12× the bound, but every step it serves

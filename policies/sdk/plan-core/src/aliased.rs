@@ -372,13 +372,7 @@ mod tests {
 
     #[test]
     fn random_two_step_profiles_get_valid_aliased_plans() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = |m: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % m
-        };
+        let mut next = crate::tests::xorshift(0x9e37_79b9_7f4a_7c15);
         let mut planned = 0;
         for round in 0..150 {
             let h = 2 + next(60) as u32;

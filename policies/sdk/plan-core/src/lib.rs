@@ -802,6 +802,54 @@ fn place_with(reqs: &[Request], order: &[u32], mut blocks: impl Blocks) -> Plan 
     Plan { arena_bytes: arena, offsets }
 }
 
+/// Places the requests of `order` one by one, each at its hint (an offset
+/// in the arena) when the block there meets no placed block whose lifetime
+/// overlaps its own, else at the best-fitting gap (as [`greedy_by_size`]
+/// places; a `None` hint too). Requests not in `order` are left unplanned.
+/// A plan made from plans of parts (an offline plan that composes the plans
+/// of a workload's steps: the hints are each step's plan, the first steps
+/// placed keep their layout exactly, the later ones bend around them).
+/// Requests are expected once each and [`Request::plannable`]; a later
+/// repeat replaces the earlier placement of a request in the plan but not
+/// in what the later requests avoid, so a caller that repeats one gets an
+/// invalid plan.
+pub fn place_hinted(reqs: &[Request], order: &[(u32, Option<u64>)]) -> Plan {
+    let n = reqs.len() as u32;
+    if reqs.len() <= SCAN_REQUESTS {
+        place_hinted_with(reqs, order, Scan(Vec::with_capacity(order.len())))
+    } else {
+        place_hinted_with(reqs, order, Placed::new(n, reqs.len()))
+    }
+}
+
+/// [`place_hinted`] with the placed blocks kept in `blocks`.
+fn place_hinted_with(reqs: &[Request], order: &[(u32, Option<u64>)], mut blocks: impl Blocks) -> Plan {
+    let n = reqs.len() as u32;
+    let mut offsets = vec![None; reqs.len()];
+    let mut arena = 0u64;
+    let mut occupied = Vec::new();
+    for &(k, hint) in order.iter().filter(|(k, _)| (*k as usize) < reqs.len()) {
+        let r = &reqs[k as usize];
+        let size = r.planned_bytes();
+        let (iv, m) = r.intervals(k, n);
+        occupied.clear();
+        blocks.overlapping(&iv[..m], &mut occupied);
+        let free = |h: u64| {
+            h.is_multiple_of(ALIGN)
+                && h.checked_add(size).is_some_and(|e| occupied.iter().all(|&(o, oe)| oe <= h || e <= o))
+        };
+        let off = match hint {
+            Some(h) if free(h) => h,
+            _ => best_fit(&mut occupied, size),
+        };
+        let end = off.saturating_add(size);
+        blocks.keep(k, &iv[..m], off, end);
+        offsets[k as usize] = Some(off);
+        arena = arena.max(end);
+    }
+    Plan { arena_bytes: arena, offsets }
+}
+
 /// Free gaps of an arena, by offset and by (size, offset).
 #[derive(Default)]
 struct Gaps {
@@ -919,6 +967,16 @@ pub fn in_time_order(reqs: &[Request]) -> Plan {
 mod tests {
     use super::*;
 
+    /// Deterministic pseudo-random numbers below `m` (xorshift64 from `x`).
+    pub(crate) fn xorshift(mut x: u64) -> impl FnMut(u64) -> u64 {
+        move |m| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        }
+    }
+
     fn req(bytes: u64, freed_at: Option<u32>, wraps_to: Option<u32>) -> Request {
         Request { bytes, freed_at, wraps_to }
     }
@@ -985,13 +1043,7 @@ mod tests {
         assert_eq!(live_bound(&wrap), 1536);
         // Pseudo-random profiles: no plan costs less than the bound, and
         // `plan` is the cheapest of the three plans (the first on a tie).
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = |m: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % m
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         for _ in 0..200 {
             let n = 1 + next(40) as u32;
             let reqs: Vec<Request> = (0..n)
@@ -1141,6 +1193,34 @@ mod tests {
                 !meet || ea <= ob || eb <= oa
             })
         }) && (0..reqs.len()).all(|k| block(k).is_none_or(|(_, e)| e <= p.arena_bytes))
+    }
+
+    #[test]
+    fn hints_that_are_free_are_kept_and_the_others_fit_around_them() {
+        let mut next = xorshift(0x2545_f491_4f6c_dd1d);
+        // Short profiles (scanned) and one past SCAN_REQUESTS (segment tree).
+        let sizes: Vec<u32> = (0..60).map(|_| 2 + next(60) as u32).chain([SCAN_REQUESTS as u32 + 300]).collect();
+        for n in sizes {
+            let reqs: Vec<Request> =
+                (0..n).map(|k| req(1 + next(1 << 16), Some((k + 1 + next(12) as u32).min(n)), None)).collect();
+            // A valid plan as hints, in any order: placed exactly as hinted.
+            let p = plan(&reqs);
+            let mut order: Vec<(u32, Option<u64>)> = (0..n).map(|k| (k, p.offsets[k as usize])).collect();
+            order.reverse();
+            assert_eq!(place_hinted(&reqs, &order), p);
+            // Hints that clash, are unaligned or missing: a valid plan anyway,
+            // every request planned, each free hint kept.
+            let order: Vec<(u32, Option<u64>)> = (0..n)
+                .map(|k| (k, [None, Some(0), Some(next(1 << 18)), Some(ALIGN * next(64))][next(4) as usize]))
+                .collect();
+            let q = place_hinted(&reqs, &order);
+            assert!(valid(&reqs, &q) && q.offsets.iter().all(Option::is_some));
+            assert_eq!(q.offsets[order[0].0 as usize], Some(order[0].1.filter(|h| h % ALIGN == 0).unwrap_or(0)));
+        }
+        // Out-of-range indices are skipped; absent requests stay unplanned.
+        let reqs = [req(512, Some(1), None), req(512, Some(2), None)];
+        let q = place_hinted(&reqs, &[(7, Some(0)), (1, Some(u64::MAX - 10))]);
+        assert_eq!(q, Plan { arena_bytes: 512, offsets: vec![None, Some(0)] });
     }
 
     #[test]
