@@ -30,6 +30,7 @@
 //!   largest step keeps its layout, the others fit around what crosses into
 //!   them.
 
+use std::hash::{Hash, Hasher};
 use std::time::Instant;
 
 use rustc_hash::FxHashMap;
@@ -97,6 +98,11 @@ impl Composition {
 /// Most distinct step profiles [`Composition::Steps`] plans (the largest
 /// by live bytes); the other steps are placed after them without hints.
 pub const MAX_STEP_PLANS: usize = 64;
+
+/// Most entries the step profiles of [`Composition::Steps`] hold in all
+/// (a request counts once in each step it is live in: parameters in every
+/// step); a workload whose steps hold more is not composed by steps.
+pub const MAX_STEP_ENTRIES: usize = 1 << 24;
 
 /// Why a workload cannot be planned.
 #[derive(Debug, thiserror::Error)]
@@ -230,6 +236,28 @@ enum Above<'a> {
     Steps(&'a [u32]),
 }
 
+/// The requests of each step of `windows` (consecutive, as [`steps`] cuts
+/// them), in order: those live at its start (allocated before it, freed
+/// after its first request), then its own; `None` when they would hold more
+/// than `max` entries in all. Swept once: each step's live set from the
+/// step before's.
+fn step_requests(reqs: &[PlanRequest], windows: &[(u32, u32)], max: usize) -> Option<Vec<Vec<u32>>> {
+    let mut idxs: Vec<Vec<u32>> = Vec::with_capacity(windows.len());
+    let (mut live, mut entries): (Vec<u32>, usize) = (Vec::new(), 0);
+    let mut before = 0..0;
+    for &(c0, c1) in windows {
+        let alive = |k: &u32| reqs[*k as usize].freed_at.is_none_or(|f| f > c0);
+        live = live.iter().copied().chain(before).filter(alive).collect();
+        entries += live.len() + (c1 - c0) as usize;
+        if entries > max {
+            return None;
+        }
+        idxs.push(live.iter().copied().chain(c0..c1).collect());
+        before = c0..c1;
+    }
+    Some(idxs)
+}
+
 /// The planner, asked for plans of parts of a workload.
 struct Parts<'a> {
     planner: &'a mut dyn PlannerPolicy,
@@ -319,45 +347,60 @@ impl Parts<'_> {
     /// [`Composition::Steps`] of `reqs` cut into `windows`: `None` when
     /// the planner planned no step, or the composed plan is not valid.
     fn by_steps(&mut self, reqs: &[PlanRequest], windows: &[(u32, u32)]) -> Option<Plan> {
-        // Each step's profile: what is live at its start, then its own.
-        let subs: Vec<(Vec<u32>, Vec<PlanRequest>)> = windows
-            .iter()
-            .map(|&(c0, c1)| {
-                let idx: Vec<u32> =
-                    (0..c0).filter(|&k| reqs[k as usize].freed_at.is_none_or(|f| f > c0)).chain(c0..c1).collect();
-                let (m, before) = (idx.len() as u32, idx.len() as u32 - (c1 - c0));
-                let sub = idx
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &k)| {
-                        let r = reqs[k as usize];
-                        let f = r.freed_at.filter(|&f| f < c1).map_or(m, |f| before + f.saturating_sub(c0));
-                        PlanRequest { freed_at: Some(f.clamp(i as u32 + 1, m)), wraps_to: None, ..r }
-                    })
-                    .collect();
-                (idx, sub)
-            })
-            .collect();
-        // Alike steps planned once, the largest first.
-        let mut by_live: Vec<usize> = (0..subs.len()).collect();
-        let live = |i: usize| {
-            let all: Vec<Option<u64>> = vec![Some(0); subs[i].1.len()];
-            crate::decision::cycle_live(&subs[i].1, &all).into_iter().max().unwrap_or(0)
+        let idxs = step_requests(reqs, windows, MAX_STEP_ENTRIES)?;
+        // Step `i` as a profile of its own (made when needed: they can be
+        // many).
+        let sub_of = |i: usize| -> Vec<PlanRequest> {
+            let (idx, (c0, c1)) = (&idxs[i], windows[i]);
+            let (m, before) = (idx.len() as u32, idx.len() as u32 - (c1 - c0));
+            let time = |f: u32| if f >= c1 { m } else { before + f.saturating_sub(c0) };
+            idx.iter()
+                .enumerate()
+                .map(|(j, &k)| {
+                    let r = reqs[k as usize];
+                    PlanRequest {
+                        freed_at: Some(r.freed_at.map_or(m, time).clamp(j as u32 + 1, m)),
+                        wraps_to: None,
+                        ..r
+                    }
+                })
+                .collect()
         };
-        let lives: Vec<u64> = (0..subs.len()).map(live).collect();
-        by_live.sort_by_key(|&i| (std::cmp::Reverse(lives[i]), i));
-        let mut plans: FxHashMap<&[PlanRequest], Option<Plan>> = FxHashMap::default();
+        let mut keys: Vec<(u64, u64)> = Vec::with_capacity(windows.len());
+        for i in 0..windows.len() {
+            let sub = sub_of(i);
+            let mut h = rustc_hash::FxHasher::default();
+            sub.hash(&mut h);
+            let all: Vec<Option<u64>> = vec![Some(0); sub.len()];
+            keys.push((h.finish(), crate::decision::cycle_live(&sub, &all).into_iter().max().unwrap_or(0)));
+        }
+        // Alike steps planned once (the first of them stands for the
+        // others), the largest first, at most MAX_STEP_PLANS.
+        let mut by_live: Vec<usize> = (0..windows.len()).collect();
+        by_live.sort_by_key(|&i| (std::cmp::Reverse(keys[i].1), i));
+        let mut alike: FxHashMap<u64, Vec<usize>> = FxHashMap::default();
+        let mut plans: FxHashMap<usize, Option<Plan>> = FxHashMap::default();
+        let mut stands: Vec<Option<usize>> = vec![None; windows.len()];
+        for &i in &by_live {
+            let sub = sub_of(i);
+            let same = alike.get(&keys[i].0).and_then(|v| v.iter().copied().find(|&r| sub_of(r) == sub));
+            stands[i] = match same {
+                Some(r) => Some(r),
+                None if plans.len() < MAX_STEP_PLANS => {
+                    plans.insert(i, self.best(&sub));
+                    alike.entry(keys[i].0).or_default().push(i);
+                    Some(i)
+                }
+                None => None,
+            };
+        }
+        let plan_of = |i: usize| stands[i].and_then(|r| plans.get(&r)).and_then(Option::as_ref);
         let mut planned: Vec<(u64, usize)> = Vec::new();
         let mut unplanned: Vec<usize> = Vec::new();
         for i in by_live {
-            let sub = subs[i].1.as_slice();
-            if !plans.contains_key(sub) && plans.len() < MAX_STEP_PLANS {
-                let p = self.best(sub);
-                plans.insert(sub, p);
-            }
-            match plans.get(sub) {
-                Some(Some(p)) => planned.push((p.arena_bytes, i)),
-                _ => unplanned.push(i),
+            match plan_of(i) {
+                Some(p) => planned.push((p.arena_bytes, i)),
+                None => unplanned.push(i),
             }
         }
         if planned.is_empty() {
@@ -371,10 +414,9 @@ impl Parts<'_> {
         let mut seen = vec![false; reqs.len()];
         let mut order: Vec<(u32, Option<u64>)> = Vec::with_capacity(reqs.len());
         for &(_, i) in &planned {
-            let (idx, sub) = &subs[i];
-            let Some(Some(p)) = plans.get(sub.as_slice()) else { continue };
+            let Some(p) = plan_of(i) else { continue };
             let mut blocks: Vec<(u64, u32)> =
-                idx.iter().zip(&p.offsets).filter_map(|(&k, o)| o.map(|o| (o, k))).collect();
+                idxs[i].iter().zip(&p.offsets).filter_map(|(&k, o)| o.map(|o| (o, k))).collect();
             blocks.sort_unstable();
             for (o, k) in blocks {
                 if !std::mem::replace(&mut seen[k as usize], true) {
@@ -383,7 +425,7 @@ impl Parts<'_> {
             }
         }
         for i in unplanned {
-            for &k in &subs[i].0 {
+            for &k in &idxs[i] {
                 if !std::mem::replace(&mut seen[k as usize], true) {
                     order.push((k, None));
                 }
@@ -535,6 +577,36 @@ mod tests {
                 (Composition::Whole, alone.arena_bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN)
             );
             assert!(planner.0 > 1, "parts were asked");
+        }
+    }
+
+    #[test]
+    fn each_step_holds_what_is_live_at_its_start_then_its_own() {
+        let mut rng = oorandom::Rand32::new(5);
+        for _ in 0..50 {
+            let n = 1 + rng.rand_range(1..300);
+            let reqs: Vec<PlanRequest> = (0..n)
+                .map(|k| PlanRequest {
+                    bytes: 512,
+                    kind: TensorKind::Temp,
+                    stream: StreamId(0),
+                    freed_at: Some((k + 1 + rng.rand_range(0..60)).min(n)),
+                    wraps_to: None,
+                })
+                .collect();
+            let cuts: Vec<u32> = (0..rng.rand_range(0..8)).map(|_| rng.rand_range(0..n + 1)).collect::<Vec<_>>();
+            let mut cuts = cuts;
+            cuts.sort_unstable();
+            let windows = steps(n, &cuts);
+            let idxs = step_requests(&reqs, &windows, usize::MAX).unwrap();
+            for (&(c0, c1), idx) in windows.iter().zip(&idxs) {
+                let brute: Vec<u32> =
+                    (0..c0).filter(|&k| reqs[k as usize].freed_at.is_some_and(|f| f > c0)).chain(c0..c1).collect();
+                assert_eq!(idx, &brute, "step [{c0}, {c1})");
+            }
+            let total: usize = idxs.iter().map(Vec::len).sum();
+            assert!(step_requests(&reqs, &windows, total).is_some());
+            assert!(step_requests(&reqs, &windows, total - 1).is_none());
         }
     }
 

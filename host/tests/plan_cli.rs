@@ -94,7 +94,7 @@ const ADAMW_1_LAYER: [&str; 26] = [
 ];
 
 #[test]
-fn a_longer_search_plans_closer_to_the_bound_online_and_offline() {
+fn a_longer_search_plans_closer_to_the_bound_online_and_the_steps_compose_offline() {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("adamw.jsonl.gz");
     let out = wasmem().arg("synth").args(ADAMW_1_LAYER).arg("-o").arg(&trace).output().unwrap();
