@@ -49,9 +49,8 @@ pub use wasmem_plan_core::GREEDY_WORK;
 ///
 /// It keeps the search of its last [`MAX_SEARCHES`] plans
 /// ([`wasmem_plan_core::Refiner`]), which [`PlannerPolicy::refine`] goes on
-/// with (unless `planned?refine=off`: no search at step ends), each call
-/// as long as one planning of a step of 2,048 requests (the longest
-/// searched): a step of `n` requests gets `2,048 / n` of its budgets.
+/// with, one budget a call (unless `planned?refine=off`: no search at
+/// step ends).
 #[derive(Debug)]
 pub struct GreedyPlanner {
     effort: u64,
@@ -203,16 +202,7 @@ impl PlannerPolicy for GreedyPlanner {
                 self.searches.len() - 1
             }
         };
-        // Budgets for one planning of the longest step searched: a short
-        // step (whose budget is short) searches several.
-        let budgets = (wasmem_plan_core::Effort::ONLINE.requests / profile.requests.len().max(1)).max(1);
-        let mut found = None;
-        for _ in 0..budgets {
-            found = self.searches[i].search.refine().or(found);
-            if self.searches[i].search.done() {
-                break;
-            }
-        }
+        let found = self.searches[i].search.refine();
         let done = self.searches[i].search.done();
         if done {
             self.searches.remove(i);
@@ -322,43 +312,6 @@ mod tests {
                 .sum();
             assert!(plan.arena_bytes + left >= peak(&p), "round {round}");
         }
-    }
-
-    #[test]
-    fn a_short_step_searches_several_budgets_a_refine_call() {
-        // Random short profiles: one call searches as the core's refiner
-        // does in 2,048 / n budgets, plan for plan.
-        let mut rng = oorandom::Rand32::new(11);
-        let mut searched = 0;
-        for round in 0..30u64 {
-            let n = 20 + rng.rand_range(0..300);
-            let rs: Vec<PlanRequest> = (0..n)
-                .map(|k| {
-                    req(1 + u64::from(rng.rand_range(1..(1 << 20))), Some((k + 1 + rng.rand_range(0..30)).min(n)), None)
-                })
-                .collect();
-            let p = StepProfile { step: round, requests: rs };
-            let plan = GreedyPlanner::plan_profile(&p);
-            let core: Vec<wasmem_plan_core::Request> = p.requests.iter().map(|r| r.core()).collect();
-            let from = wasmem_plan_core::Plan { arena_bytes: plan.arena_bytes, offsets: plan.offsets.clone() };
-            let mut search = wasmem_plan_core::Refiner::resume(&core, &from, wasmem_plan_core::Effort::ONLINE, 5);
-            let mut expected = None;
-            for _ in 0..2048 / n as usize {
-                expected = search.refine().or(expected);
-            }
-            let got = GreedyPlanner::default().refine(&p, &plan, 5, &PolicyContext::default()).unwrap();
-            match (got, expected) {
-                (Refined::Better(b), Some(e)) => {
-                    assert_eq!((b.arena_bytes, &b.offsets), (e.arena_bytes, &e.offsets), "round {round}");
-                    validate_plan(&p, &b, u64::MAX).unwrap();
-                    assert!(b.arena_bytes < plan.arena_bytes);
-                    searched += 1;
-                }
-                (Refined::NotYet | Refined::Done, None) => {}
-                (got, e) => panic!("round {round}: {got:?} against {e:?}"),
-            }
-        }
-        assert!(searched > 0, "no round found a cheaper plan");
     }
 
     #[test]
