@@ -68,7 +68,10 @@ pub enum Command {
     },
     /// Plan each workload as a whole, knowing every lifetime in advance (the
     /// offline bound of planned placement, like `belady` for eviction): the
-    /// smallest arena the planner finds, against the peak of live bytes.
+    /// smallest arena the planner finds, against the peak of live bytes —
+    /// its plan of the whole trace, of what lies above the tensors that never
+    /// leave, or of each step (`step_end` markers) composed, whichever is
+    /// smallest (`composition` in the report).
     Plan {
         /// Trace files (trace v1 `.jsonl` or `.jsonl.gz`) or PyTorch memory
         /// snapshots (`.pickle`); `-` reads standard input.
