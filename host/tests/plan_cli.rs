@@ -61,10 +61,10 @@ fn offline_plans_reach_the_bound() {
     }
 }
 
-/// A one-layer model with AdamW (a random synth configuration): its step's
-/// online plan is 1.12× its live bound; `planned?effort=100` reaches it.
-/// Offline, the whole trace as one profile is planned 1.04× its bound.
-const ADAMW_1_LAYER: [&str; 26] = [
+/// A five-layer model trained with SGD in bf16 (a random synth
+/// configuration): its step's online plan is 1.015× its live bound;
+/// `planned?effort=100` plans it at 1.0004×.
+const SGD_5_LAYERS: [&str; 26] = [
     "--preset",
     "tiny",
     "--hidden",
@@ -76,44 +76,46 @@ const ADAMW_1_LAYER: [&str; 26] = [
     "--intermediate",
     "1536",
     "--layers",
-    "1",
+    "5",
     "--seq",
-    "256",
+    "64",
     "--batch",
-    "1",
+    "2",
     "--vocab",
-    "8000",
+    "10000",
     "--optimizer",
-    "adamw",
+    "sgd",
     "--checkpointing",
     "false",
     "--dtype",
-    "fp32",
+    "bf16",
     "--steps",
-    "7",
+    "3",
 ];
 
 #[test]
 fn a_longer_search_plans_closer_to_the_bound_online_and_the_steps_compose_offline() {
     let dir = tempfile::tempdir().unwrap();
-    let trace = dir.path().join("adamw.jsonl.gz");
-    let out = wasmem().arg("synth").args(ADAMW_1_LAYER).arg("-o").arg(&trace).output().unwrap();
+    let trace = dir.path().join("sgd.jsonl.gz");
+    let out = wasmem().arg("synth").args(SGD_5_LAYERS).arg("-o").arg(&trace).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    // Offline, the trace planned as one profile is above 1.02 of its bound
-    // at either effort; its steps' plans composed reach the bound even at
-    // online planning's effort.
+    // Offline, its steps' plans composed: at the bound with effort 100,
+    // 1.015× it at online planning's effort.
     let offline = |policy: &[&str]| {
         let plans = json_lines(wasmem().args(["plan", "--json"]).args(policy).arg(&trace));
-        assert_eq!((plans[0]["composition"].as_str(), u(&plans[0], "steps")), (Some("steps"), 7), "{}", plans[0]);
+        assert_eq!((plans[0]["composition"].as_str(), u(&plans[0], "steps")), (Some("steps"), 3), "{}", plans[0]);
         checked_plan(&plans[0])
     };
     let (longer, online) = (offline(&[]), offline(&["--policy", "planned"]));
-    assert!(longer <= 1.0005 && online <= 1.0005, "offline: effort 100 {longer}, online effort {online}");
-    // Three runs with a plan cache: the first learns, the next two start
+    assert!(
+        longer <= 1.0005 && online > 1.005 && online <= 1.02,
+        "offline: effort 100 {longer}, online effort {online}"
+    );
+    // Four runs with a plan cache: the first learns, the next three start
     // from the file. With effort 100 the first plans at the bound; with the
-    // online effort its plan is 1.12× the bound, but every step it serves
+    // online effort its plan is 1.015× the bound, but every step it serves
     // searches on for the cache (`plans_refined`): without that
-    // (`refine=off`) the next runs are 1.0476.
+    // (`refine=off`) the next runs stay at 1.015.
     let runs = |policy: &str| -> Vec<Value> {
         let cache = dir.path().join(format!("{}.json", policy.replace(['?', '=', ','], "_")));
         let run = || {
@@ -121,7 +123,7 @@ fn a_longer_search_plans_closer_to_the_bound_online_and_the_steps_compose_offlin
             cmd.args(["replay", "--json", "--policy", policy, "--plan-cache"]).arg(&cache).arg(&trace);
             json_lines(&mut cmd).remove(0)
         };
-        let runs = vec![run(), run(), run()];
+        let runs = vec![run(), run(), run(), run()];
         for r in &runs {
             assert_eq!(u(r, "plan_refused"), 0, "{r}");
         }
@@ -135,13 +137,13 @@ fn a_longer_search_plans_closer_to_the_bound_online_and_the_steps_compose_offlin
     let longer = runs("planned?effort=100");
     assert!(overhead(&longer[1]) <= 1.0005, "warm, effort 100: {}", longer[1]);
     let online = runs("planned");
-    assert!(u(&online[0], "plans_refined") >= 1, "{}", online[0]);
-    let (first, second) = (overhead(&online[1]), overhead(&online[2]));
-    assert!(first <= 1.01 && second <= first, "warm runs, online effort: {first}, then {second}");
+    assert!(u(&online[1], "plans_refined") >= 1, "{}", online[1]);
+    let (first, later) = (overhead(&online[1]), overhead(&online[3]));
+    assert!(first <= 1.02 && later < first && later <= 1.005, "warm runs, online effort: {first}, then {later}");
     // Without the search at step ends, the cache keeps the first plan.
     let off = runs("planned?refine=off");
     assert!(off.iter().all(|r| u(r, "plans_refined") == 0), "{off:?}");
-    assert!(overhead(&off[2]) > 1.02, "{}", off[2]);
+    assert!(overhead(&off[3]) > 1.01, "{}", off[3]);
 }
 
 #[test]

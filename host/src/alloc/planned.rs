@@ -1683,7 +1683,14 @@ impl<D: Device> Allocator<D> {
     fn make_plan(&mut self, profile: &StepProfile) -> Result<(), AllocError> {
         let plain = self.ask_planner(profile)?;
         // Two steps at a time: an aliased plan, when the planner makes one
-        // that holds less than the plain plan (with what each leaves dynamic).
+        // that holds no more than the plain plan (with what each leaves
+        // dynamic) in whole pages of the device (the aliased arena is mapped
+        // in whole pages; a device allocation is rounded to them too): on a
+        // tie it is the one that can be installed under the peak (its zone
+        // of the step before is made only once free; a plain arena of two
+        // steps is allocated while the tensors of the step before it still
+        // lie on the dynamic path).
+        let page = self.device.granularity().max(1);
         if let Some(aliased) = self.ask_aliased(profile) {
             let left = |offsets: &[Option<u64>]| -> u64 {
                 let reqs = &profile.requests;
@@ -1693,7 +1700,10 @@ impl<D: Device> Allocator<D> {
                     .sum()
             };
             let cost = aliased.arena_bytes + left(&aliased.offsets);
-            if plain.as_ref().is_none_or(|p| cost < p.arena_bytes + left(&p.offsets)) {
+            if plain
+                .as_ref()
+                .is_none_or(|p| cost <= (p.arena_bytes + left(&p.offsets)).div_ceil(page).saturating_mul(page))
+            {
                 let p = self.planning.as_mut().expect("planning is on");
                 let stored = StoredPlan::of_aliased(profile, &aliased, p.steps);
                 if let Some(q) = p.plans.iter_mut().find(|q| {
