@@ -508,7 +508,7 @@ mod tests {
     #[test]
     fn the_plans_of_the_steps_composed_reach_the_bound_where_the_whole_does_not() {
         // A small GPT-2 (1 layer, hidden 384, AdamW, 7 steps): planned as one
-        // profile the trace ends 4 % above its bound; each step (with what
+        // profile the trace ends 0.8 % above its bound; each step (with what
         // crosses into it) is planned to its own bound, and with the
         // parameters and optimizer states as a floor the steps compose to
         // the bound exactly.
@@ -534,7 +534,7 @@ mod tests {
         let profile = whole(&w);
         let alone = GreedyPlanner::plan_profile(&profile);
         let ratio = alone.arena_bytes as f64 / p.lower_bound_bytes as f64;
-        assert!(ratio > 1.01, "the whole alone: {ratio:.5}");
+        assert!(ratio > 1.005, "the whole alone: {ratio:.5}");
         // The planner was asked for the whole, the floor's rest, and each
         // distinct step profile (alike steps once).
         let mut asked = Vec::new();

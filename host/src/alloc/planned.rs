@@ -1684,13 +1684,23 @@ impl<D: Device> Allocator<D> {
         let plain = self.ask_planner(profile)?;
         // Two steps at a time: an aliased plan, when the planner makes one
         // that holds no more than the plain plan (with what each leaves
-        // dynamic) in whole pages of the device (the aliased arena is mapped
-        // in whole pages; a device allocation is rounded to them too): on a
-        // tie it is the one that can be installed under the peak (its zone
-        // of the step before is made only once free; a plain arena of two
-        // steps is allocated while the tensors of the step before it still
-        // lie on the dynamic path).
+        // dynamic) in whole pages of the device (the aliased arena is
+        // mapped in whole pages; a device allocation is rounded to them
+        // too), or when the plain plan could not be installed under the
+        // peak so far (within a page, as [`Allocator::install_arena`]
+        // checks): its arena beside the tensors it expects live at its
+        // install point, which still lie on the dynamic path then (an
+        // aliased arena's zone where those lie is made only once they are
+        // gone). A plain plan of two steps that a kept output crosses often
+        // reaches its bound, but its arena rarely fits beside them.
         let page = self.device.granularity().max(1);
+        let high_water = self.planning.as_ref().map_or(0, |p| p.high_water);
+        let high_water = high_water.max(self.stats.bytes.peak_reserved_bytes).saturating_add(page);
+        let prefer_aliased = |aliased: u64, p: &Plan, left: u64| {
+            let plain = p.arena_bytes + left;
+            let at_install = install_point(&profile.requests, &p.offsets).1;
+            aliased <= plain.div_ceil(page).saturating_mul(page) || plain.saturating_add(at_install) > high_water
+        };
         if let Some(aliased) = self.ask_aliased(profile) {
             let left = |offsets: &[Option<u64>]| -> u64 {
                 let reqs = &profile.requests;
@@ -1700,10 +1710,7 @@ impl<D: Device> Allocator<D> {
                     .sum()
             };
             let cost = aliased.arena_bytes + left(&aliased.offsets);
-            if plain
-                .as_ref()
-                .is_none_or(|p| cost <= (p.arena_bytes + left(&p.offsets)).div_ceil(page).saturating_mul(page))
-            {
+            if plain.as_ref().is_none_or(|p| prefer_aliased(cost, p, left(&p.offsets))) {
                 let p = self.planning.as_mut().expect("planning is on");
                 let stored = StoredPlan::of_aliased(profile, &aliased, p.steps);
                 if let Some(q) = p.plans.iter_mut().find(|q| {
