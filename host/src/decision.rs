@@ -481,6 +481,13 @@ pub trait PlannerPolicy: Send {
     fn state(&self) -> Option<StateHandle> {
         None
     }
+    /// Whether the steps of a run that marks none are found by the
+    /// repeating period of its requests and planned (`planned?steps=period`;
+    /// see `alloc::period`). The default: no, such a run stays on the
+    /// dynamic path until it marks a step end.
+    fn steps_by_period(&self) -> bool {
+        false
+    }
 }
 
 /// What [`PlannerPolicy::refine`] found.

@@ -134,6 +134,9 @@ pub struct Metrics {
     /// Cheaper plans the planner found for the plan cache at step ends
     /// (the next run starts from them; this one serves the plans it has).
     pub plans_refined: u64,
+    /// Step ends found by the repeating period of the requests, in a run
+    /// without step markers (planned placement plans those steps).
+    pub plan_detected_steps: u64,
     /// The first request that failed after every remedy (event and reason).
     pub first_oom: Option<String>,
 }
@@ -217,4 +220,5 @@ pub fn fill<D: Device>(m: &mut Metrics, s: &Stats, dev: &D, pauses: &PauseHistog
     m.plan_arena_bytes = s.plan_arena_bytes;
     m.plans_loaded = s.plans_loaded;
     m.plans_refined = s.plans_refined;
+    m.plan_detected_steps = s.plan_detected_steps;
 }

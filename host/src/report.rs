@@ -164,6 +164,7 @@ fn rows() -> Vec<Row> {
         ("plan_arena_bytes", Unit::Bytes, |m| m.plan_arena_bytes as f64),
         ("plans_loaded", Unit::Count, |m| m.plans_loaded as f64),
         ("plans_refined", Unit::Count, |m| m.plans_refined as f64),
+        ("plan_detected_steps", Unit::Count, |m| m.plan_detected_steps as f64),
         ("policy_calls", Unit::Count, |m| m.policy_calls as f64),
         ("policy_traps", Unit::Count, |m| m.policy_traps as f64),
         ("policy_fallbacks", Unit::Count, |m| m.policy_fallbacks as f64),

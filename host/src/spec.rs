@@ -8,7 +8,9 @@
 //!          planned: every role and a planner), or of `builtin::EVICTION_NAMES` (lru, dtr, belady:
 //!          the eviction role only). Built-ins take no configuration, but `planned?effort=K`
 //!          (its planner searches K times as long as online, 1 ≤ K ≤ 10,000) and
-//!          `planned?refine=off` (no search at step ends for the plan cache)
+//!          `planned?refine=off` (no search at step ends for the plan cache) and
+//!          `planned?steps=period` (a run without step markers: steps found by the
+//!          period of its requests, see `alloc::period`)
 //! other  : anything else, handed to a [`PartLoader`] (the WebAssembly runtime
 //!          loads shipped policy names and `.wasm` paths)
 //! ```
@@ -52,7 +54,7 @@ pub enum SpecError {
         config: String,
     },
     /// The configuration of the built-in `planned` is not `effort=K`.
-    #[error("policy `planned?{config}`: {why} (`planned` takes `effort=K`, K from 1 to 10000, and `refine=on|off`)")]
+    #[error("policy `planned?{config}`: {why} (`planned` takes `effort=K`, K from 1 to 10000, `refine=on|off` and `steps=marked|period`)")]
     PlannedConfig {
         /// The configuration given.
         config: String,
@@ -384,9 +386,13 @@ mod tests {
             "planned?",
             "planned?effort=10000",
             "planned?effort=5,refine=off",
+            "planned?steps=period",
+            "planned?steps=marked,effort=2",
         ] {
             let r = resolve(spec, &Builtins).unwrap_or_else(|e| panic!("{spec}: {e}"));
             assert_eq!(r.planner.as_ref().map(|p| p.name()), Some("greedy"), "{spec}");
+            let by_period = r.planner.as_ref().is_some_and(|p| p.steps_by_period());
+            assert_eq!(by_period, spec.contains("steps=period"), "{spec}");
         }
         for (spec, says) in [
             ("planned?effort=0", "out of range"),
@@ -395,6 +401,7 @@ mod tests {
             ("planned?depth=3", "unknown key `depth`"),
             ("planned?effort", "not KEY=VALUE"),
             ("planned?refine=maybe", "not on or off"),
+            ("planned?steps=guess", "not marked or period"),
         ] {
             let e = resolve(spec, &Builtins).err().unwrap_or_else(|| panic!("{spec} resolved"));
             assert!(matches!(e, SpecError::PlannedConfig { .. }), "{spec}: {e:?}");

@@ -104,13 +104,15 @@ struct Run {
     ooms: u64,
     /// Check the invariants after every operation (slow on large steps).
     check_each: bool,
+    /// Mark each step's end (`Phase::StepEnd`); else the run marks nothing.
+    marked: bool,
 }
 
 impl Run {
     fn new(policy: &str, capacity: u64) -> Self {
         let dev = SimDevice::new(SimConfig { capacity, host_backed: true, ..SimConfig::default() });
         let a = Allocator::with_builtin(dev, policy).unwrap();
-        Run { a, live: Vec::new(), seed: 0, step: 0, ooms: 0, check_each: true }
+        Run { a, live: Vec::new(), seed: 0, step: 0, ooms: 0, check_each: true, marked: true }
     }
 
     fn with_planner(capacity: u64, planner: Box<dyn PlannerPolicy>) -> Self {
@@ -167,7 +169,9 @@ impl Run {
             self.checked();
         }
         self.free_due(n);
-        self.a.phase(Phase::StepEnd, self.step).unwrap();
+        if self.marked {
+            self.a.phase(Phase::StepEnd, self.step).unwrap();
+        }
         self.checked();
         // The next step's clock: what was due later moves back by a step.
         for (_, t) in self.live.iter_mut() {
@@ -263,6 +267,99 @@ fn steps_without_a_repeat_stay_dynamic() {
     let st = r.a.stats();
     assert_eq!(st.plan_hits, 0, "{st:?}");
     assert_eq!(st.plan_arena_bytes, 0);
+    r.finish();
+}
+
+/// A run of `steps` steps of `template` that marks no step end, under
+/// `planned` with `config`, beside `defrag`'s (unmarked too).
+fn unmarked(template: &[Req], steps: usize, config: &str) -> (Run, Vec<Stats>, Stats) {
+    let planner = wasmem::builtin::GreedyPlanner::from_config(config).unwrap();
+    let mut planned = Run::with_planner(4 * GIB, Box::new(planner));
+    let mut defrag = Run::new("defrag", 4 * GIB);
+    planned.marked = false;
+    defrag.marked = false;
+    let per_step = (0..steps)
+        .map(|_| {
+            defrag.step(template);
+            planned.step(template)
+        })
+        .collect();
+    (planned, per_step, defrag.finish())
+}
+
+#[test]
+fn steps_no_marker_tells_are_found_by_their_period_and_planned() {
+    let template = training_step(12, 3 * MIB);
+    let (planned, per_step, defrag) = unmarked(&template, 14, "steps=period");
+    let s = planned.a.stats();
+    // About one step end per step, once the period repeated a few times.
+    assert!(s.plan_detected_steps >= 8 && s.plan_detected_steps <= 14, "{s:?}");
+    assert!(s.plans >= 1 && s.plan_arena_bytes > 0, "{s:?}");
+    // The last steps are served from the arena alone, without device calls.
+    // The steps found start where the fewest bytes are live (after the
+    // first layer's activation): that activation then lives exactly one
+    // period, beside its own next instance, and stays dynamic (a cached
+    // block); everything else is served at its planned offset.
+    let n = template.len() as u64;
+    for (i, d) in per_step.iter().enumerate().skip(10) {
+        assert_eq!(d.plan_hits + d.plan_misses, n, "step {i}: {d:?}");
+        assert!(d.plan_hits >= n - 1, "step {i}: {d:?}");
+        assert_eq!((d.device_alloc_calls, d.device_free_calls), (0, 0), "step {i}: {d:?}");
+    }
+    assert!(
+        s.bytes.peak_reserved_bytes <= defrag.bytes.peak_reserved_bytes,
+        "planned peak {} above defrag's {}",
+        s.bytes.peak_reserved_bytes,
+        defrag.bytes.peak_reserved_bytes
+    );
+    assert_eq!(planned.ooms, 0);
+    planned.finish();
+}
+
+#[test]
+fn without_steps_by_period_an_unmarked_run_stays_dynamic() {
+    let template = training_step(12, 3 * MIB);
+    let (planned, _, defrag) = unmarked(&template, 10, "");
+    let s = planned.a.stats();
+    assert_eq!((s.plan_detected_steps, s.plans, s.plan_hits, s.plan_arena_bytes), (0, 0, 0, 0), "{s:?}");
+    assert_eq!(planned.finish().bytes.peak_reserved_bytes, defrag.bytes.peak_reserved_bytes);
+}
+
+#[test]
+fn a_marked_step_end_ends_the_detection_and_planning_goes_on_by_marks() {
+    let template = training_step(12, 2 * MIB);
+    let planner = wasmem::builtin::GreedyPlanner::from_config("steps=period").unwrap();
+    let mut r = Run::with_planner(4 * GIB, Box::new(planner));
+    r.marked = false;
+    for _ in 0..10 {
+        r.step(&template);
+    }
+    assert!(r.a.stats().plan_detected_steps >= 4, "{:?}", r.a.stats());
+    // The run starts marking its steps: after its first mark, the marks
+    // alone end steps.
+    r.marked = true;
+    r.step(&template);
+    let found = r.a.stats().plan_detected_steps;
+    let per_step: Vec<Stats> = (0..8).map(|_| r.step(&template)).collect();
+    assert_eq!(r.a.stats().plan_detected_steps, found);
+    for (i, d) in per_step.iter().enumerate().skip(4) {
+        assert_eq!(d.plan_hits, template.len() as u64, "marked step {i}: {d:?}");
+        assert_eq!(d.device_alloc_calls, 0, "marked step {i}: {d:?}");
+    }
+    r.finish();
+}
+
+#[test]
+fn steps_of_random_lengths_are_no_period() {
+    // Every step has a new shape: no period is found, nothing is planned.
+    let planner = wasmem::builtin::GreedyPlanner::from_config("steps=period").unwrap();
+    let mut r = Run::with_planner(4 * GIB, Box::new(planner));
+    r.marked = false;
+    for s in 0..10u64 {
+        r.step(&training_step(12 + (s as usize % 3), 2 * MIB + s * 64 * KIB));
+    }
+    let st = r.a.stats();
+    assert_eq!((st.plan_detected_steps, st.plan_hits), (0, 0), "{st:?}");
     r.finish();
 }
 
@@ -1752,4 +1849,36 @@ fn planning_turned_off_midway_keeps_using_an_arena_a_small_tensor_holds() {
     let (at_off, last) = (per[4].bytes.peak_reserved_bytes, per[per.len() - 1].bytes.peak_reserved_bytes);
     assert!(last <= at_off + 2 * MIB, "{} MiB after {} MiB", last >> 20, at_off >> 20);
     assert!(warm.ooms == 0 && warm.plans_loaded >= 2, "{warm:?}");
+}
+
+#[test]
+fn a_synthesized_training_without_its_markers_is_planned_by_its_period() {
+    // GPT-2 small, ten steps, the phase marks removed (a run that marks
+    // nothing): found by period, planned, at `defrag`'s peak or below.
+    use wasmem::replay::{replay_with, ReplayConfig};
+    use wasmem::trace::Event;
+    let spec = wasmem::model::ModelSpec { steps: 10, ..wasmem::model::ModelSpec::preset("gpt2-124m").unwrap() };
+    let events: Vec<Event> =
+        wasmem::synth::synth(&spec).unwrap().into_iter().filter(|e| !matches!(e, Event::Phase { .. })).collect();
+    let run = |policy: &str| {
+        let cfg = ReplayConfig::default();
+        let r = wasmem::spec::resolve(policy, &wasmem::spec::Builtins).unwrap();
+        let alloc = Allocator::from_resolved(SimDevice::new(cfg.device), r);
+        replay_with(events.iter().cloned().map(Ok::<_, String>), alloc, &cfg, |_| {}).unwrap().metrics
+    };
+    let (defrag, plain, found) = (run("defrag"), run("planned"), run("planned?steps=period"));
+    assert_eq!((plain.plan_detected_steps, plain.plan_hits), (0, 0));
+    assert_eq!(plain.peak_reserved_bytes, defrag.peak_reserved_bytes);
+    assert!(found.plan_detected_steps >= 5, "{found:?}");
+    // Found after about three steps, planned at the next ends: at least
+    // three steps' requests are served as planned.
+    let per_step = found.allocs / 10;
+    assert!(found.plan_hits >= 3 * per_step, "{} hits, {per_step} requests a step", found.plan_hits);
+    assert_eq!(found.ooms, 0);
+    assert!(
+        found.peak_reserved_bytes <= defrag.peak_reserved_bytes,
+        "{} above defrag's {}",
+        found.peak_reserved_bytes,
+        defrag.peak_reserved_bytes
+    );
 }

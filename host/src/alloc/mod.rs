@@ -44,6 +44,7 @@ mod grow;
 mod handles;
 mod latency;
 mod paged;
+mod period;
 mod plan_cache;
 mod planned;
 mod policies;
@@ -464,6 +465,7 @@ impl<D: Device> Allocator<D> {
             self.poll_pending()?;
         }
         let req = AllocRequest { bytes, kind, stream };
+        self.plan_detect(&req)?;
         let (block, pool) = match self.planned_block(&req)? {
             Some(b) => b,
             None => match self.place_block(&req) {

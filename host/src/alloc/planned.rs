@@ -30,8 +30,12 @@
 //! where the plan allocates least while its tensor is expected to live (as
 //! planned, for a request the plan has), never a planned request larger
 //! than the growth it saves ([`Allocator::displaced`]).
-//! Traces without step markers (most PyTorch snapshots) are never profiled:
-//! they stay on the dynamic path, with `defrag`'s results.
+//! Traces without step markers (most PyTorch snapshots) stay on the dynamic
+//! path, with `defrag`'s results — unless the planner asks for steps found
+//! by the period of the requests ([`PlannerPolicy::steps_by_period`],
+//! `planned?steps=period`: see [`super::period`]), which then end steps
+//! until the run marks one. A profile longer than [`MAX_PROFILE`] requests
+//! is dropped (that step is not planned).
 //!
 //! Matching tolerates deviations: a request is compared with the next
 //! [`LOOKAHEAD`] entries of the plan; a match there skips the entries before
@@ -56,6 +60,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::period::PeriodDetector;
 use super::plan_cache::{CacheContent, CacheError, CachedPlan};
 use super::policies::RoleHealth;
 use super::slab::{Block, Segment, NIL};
@@ -511,7 +516,20 @@ pub(crate) struct Planning {
     /// The forward passes show that the first request of a step does not
     /// tell the rest of it ([`Planning::note_shapes`]).
     shapes_vary: bool,
+    /// Step ends by the period of the requests, until the run marks one
+    /// itself (see [`super::period`]).
+    detector: Option<Box<PeriodDetector>>,
+    /// A step end was marked: steps are never found by period again.
+    marked: bool,
+    /// This step's profile outgrew [`MAX_PROFILE`]: it was dropped, and
+    /// the step is not planned.
+    overflowed: bool,
 }
+
+/// Requests of a step profiled at most: a longer step (a run whose step
+/// ends are neither marked nor found) is not planned, and its profile is
+/// not kept.
+pub const MAX_PROFILE: usize = 1 << 20;
 
 /// A step whose requests live into the next step past the allocation of
 /// their own next instance (`out = model(x)` kept until the next forward
@@ -537,6 +555,7 @@ impl std::fmt::Debug for Planning {
 
 impl Planning {
     pub(crate) fn new(planner: Box<dyn PlannerPolicy>) -> Self {
+        let detector = planner.steps_by_period().then(Box::default);
         Planning {
             planner,
             health: RoleHealth::default(),
@@ -582,6 +601,9 @@ impl Planning {
             shapes: Vec::new(),
             single: Vec::new(),
             shapes_vary: false,
+            detector,
+            marked: false,
+            overflowed: false,
         }
     }
 
@@ -608,7 +630,7 @@ impl Planning {
     /// [`LOOKAHEAD`] (advancing the cursor past it), and its offset.
     #[inline]
     fn next_offset(&mut self, req: &AllocRequest) -> Option<(usize, Option<u64>)> {
-        if self.current.is_empty() {
+        if self.current.is_empty() && !self.overflowed {
             self.choosing = true;
         }
         if self.choosing {
@@ -685,12 +707,33 @@ impl Planning {
                 *m = (*m).max(bytes);
             }
         }
+        if self.current.len() >= MAX_PROFILE {
+            self.overflow();
+        }
         let k = self.current.len() as u32;
         self.current.push(PlanRequest { bytes, kind, stream, freed_at: None, wraps_to: None });
         self.live.insert(id, k);
         if let Some(j) = self.last_match.take() {
             self.matched.push((id, j));
         }
+    }
+
+    /// Drops this step's profile (too long to plan): what it recorded goes,
+    /// no plan serves the rest of the step, and it is not planned.
+    #[cold]
+    fn overflow(&mut self) {
+        tracing::debug!(requests = self.current.len(), "a step too long to plan: its profile is dropped");
+        self.overflowed = true;
+        self.current.clear();
+        self.live.clear();
+        self.carried.clear();
+        self.previous.clear();
+        self.active = None;
+        self.installing = false;
+        self.choosing = false;
+        self.matched.clear();
+        self.last_match = None;
+        self.borrow = None;
     }
 
     /// Records a free: the end of a request of this step, or of one carried
@@ -777,6 +820,12 @@ impl Planning {
     /// the previous step) and starts the next one.
     fn close_step(&mut self, step: u64) -> (StepProfile, bool) {
         let mut requests = std::mem::take(&mut self.current);
+        if std::mem::take(&mut self.overflowed) {
+            // Only the tail of a step too long to plan: nothing to plan,
+            // nothing to match the next step with.
+            requests.clear();
+            self.live.clear();
+        }
         let repeated =
             requests.len() == self.previous.len() && requests.iter().map(key).eq(self.previous.iter().copied());
         let mut unmatched = false;
@@ -952,6 +1001,11 @@ impl<D: Device> Allocator<D> {
         match (self.planning.as_mut(), planner) {
             (Some(p), Some(new)) => {
                 p.forget_plans();
+                if !new.steps_by_period() {
+                    p.detector = None;
+                } else if p.detector.is_none() && !p.marked {
+                    p.detector = Some(Box::default());
+                }
                 p.refused_arena = u64::MAX;
                 p.suspended = false;
                 p.health.fresh_policy();
@@ -1246,10 +1300,32 @@ impl<D: Device> Allocator<D> {
         }
     }
 
-    /// Notes a phase mark (forward passes tell a step's shapes).
+    /// Before serving `req`, in a run that marked no step end yet: a step
+    /// ends here when the period of the requests says so (see
+    /// [`super::period`]).
+    #[inline]
+    pub(super) fn plan_detect(&mut self, req: &AllocRequest) -> Result<(), AllocError> {
+        let live = self.stats.bytes.live_bytes;
+        let Some(d) = self.planning.as_mut().and_then(|p| p.detector.as_deref_mut()) else { return Ok(()) };
+        if !d.observe(super::period::token(req.bytes, req.kind, req.stream), live) {
+            return Ok(());
+        }
+        let step = d.cuts();
+        self.stats.plan_detected_steps += 1;
+        self.plan_step_end(step)
+    }
+
+    /// Notes a phase mark (forward passes tell a step's shapes; a marked
+    /// step end ends the detection of steps by the period of the requests).
     #[inline]
     pub(super) fn plan_phase(&mut self, phase: crate::types::Phase) {
         if let Some(p) = self.planning.as_mut() {
+            if phase == crate::types::Phase::StepEnd {
+                p.marked = true;
+                if p.detector.take().is_some() {
+                    tracing::debug!("steps are marked: no detection by period");
+                }
+            }
             p.in_forward = phase == crate::types::Phase::Forward;
             if p.in_forward {
                 p.forwards.push(0);
@@ -3192,5 +3268,37 @@ mod tests {
         let s = a.stats();
         assert!(s.plans >= 1 && s.plan_hits > 16 * layers, "{s:?}");
         assert_eq!(s.ooms, 0);
+    }
+
+    #[test]
+    fn a_step_too_long_to_profile_is_dropped_not_kept() {
+        // No step end for more than `MAX_PROFILE` requests: the profile
+        // stays bounded, that step is not planned, and the steps after it
+        // are planned as usual.
+        let dev = SimDevice::new(SimConfig { capacity: GIB, ..SimConfig::default() });
+        let mut a = Allocator::with_builtin(dev, "planned").unwrap();
+        let mut held = None;
+        for k in 0..super::MAX_PROFILE + 1000 {
+            let id = a.alloc(4 * KIB + (k as u64 % 7) * 512, TensorKind::Temp, StreamId(0)).unwrap();
+            if let Some(old) = held.replace(id) {
+                a.free(old).unwrap();
+            }
+            assert!(a.planning.as_ref().unwrap().current.len() <= super::MAX_PROFILE);
+        }
+        assert!(a.planning.as_ref().unwrap().overflowed);
+        a.free(held.take().unwrap()).unwrap();
+        a.phase(Phase::StepEnd, 0).unwrap();
+        assert_eq!(a.stats().plans, 0);
+        assert!(!a.planning.as_ref().unwrap().overflowed);
+        for step in 1..6 {
+            let ids: Vec<TensorId> =
+                (0..8).map(|k| a.alloc(MIB + k * 4096, TensorKind::Activation, StreamId(0)).unwrap()).collect();
+            for id in ids {
+                a.free(id).unwrap();
+            }
+            a.phase(Phase::StepEnd, step).unwrap();
+        }
+        assert!(a.stats().plans >= 1 && a.stats().plan_hits > 0, "{:?}", a.stats());
+        a.check_invariants().unwrap();
     }
 }

@@ -109,6 +109,7 @@ impl Stats {
             plan_arena_bytes: self.plan_arena_bytes,
             plans_loaded: self.plans_loaded - earlier.plans_loaded,
             plans_refined: self.plans_refined - earlier.plans_refined,
+            plan_detected_steps: self.plan_detected_steps - earlier.plan_detected_steps,
         }
     }
 }
@@ -191,6 +192,9 @@ pub struct Stats {
     /// Cheaper plans found for the plan cache by searching on at step ends
     /// (`PlannerPolicy::refine`).
     pub plans_refined: u64,
+    /// Step ends found by the repeating period of a run without step
+    /// markers (see `alloc::period`).
+    pub plan_detected_steps: u64,
 }
 
 /// Durations of "GC pauses": releases of cached memory, each measured as the

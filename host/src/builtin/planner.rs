@@ -56,6 +56,9 @@ pub struct GreedyPlanner {
     effort: u64,
     /// Whether [`PlannerPolicy::refine`] searches.
     refine: bool,
+    /// Whether unmarked steps are found by their period
+    /// ([`PlannerPolicy::steps_by_period`]).
+    by_period: bool,
     /// The searches of the latest plans, the newest last.
     searches: Vec<Refiner>,
 }
@@ -72,7 +75,7 @@ pub const MAX_SEARCHES: usize = 8;
 
 impl Default for GreedyPlanner {
     fn default() -> Self {
-        GreedyPlanner { effort: 1, refine: true, searches: Vec::new() }
+        GreedyPlanner { effort: 1, refine: true, by_period: false, searches: Vec::new() }
     }
 }
 
@@ -129,8 +132,9 @@ impl GreedyPlanner {
     }
 
     /// Parses a `planned?CONFIG` configuration: `effort=K` (`K` from 1 to
-    /// [`MAX_EFFORT`]) and `refine=on|off`, separated by `,` or `&`, or
-    /// nothing. The error says what is wrong.
+    /// [`MAX_EFFORT`]), `refine=on|off` and `steps=marked|period` (steps
+    /// of a run without step markers found by the period of its requests),
+    /// separated by `,` or `&`, or nothing. The error says what is wrong.
     pub fn from_config(config: &str) -> Result<Self, String> {
         let mut planner = Self::default();
         for item in config.split([',', '&']).map(str::trim).filter(|s| !s.is_empty()) {
@@ -153,7 +157,14 @@ impl GreedyPlanner {
                         v => return Err(format!("refine `{v}` is not on or off")),
                     }
                 }
-                other => return Err(format!("unknown key `{other}` (the keys are `effort` and `refine`)")),
+                "steps" => {
+                    planner.by_period = match value.trim() {
+                        "period" => true,
+                        "marked" => false,
+                        v => return Err(format!("steps `{v}` is not marked or period")),
+                    }
+                }
+                other => return Err(format!("unknown key `{other}` (the keys are `effort`, `refine` and `steps`)")),
             }
         }
         Ok(planner)
@@ -163,6 +174,10 @@ impl GreedyPlanner {
 impl PlannerPolicy for GreedyPlanner {
     fn name(&self) -> &str {
         "greedy"
+    }
+
+    fn steps_by_period(&self) -> bool {
+        self.by_period
     }
 
     fn plan(&mut self, profile: &StepProfile, _ctx: &PolicyContext) -> Result<Plan, PolicyError> {
