@@ -1882,3 +1882,30 @@ fn a_synthesized_training_without_its_markers_is_planned_by_its_period() {
         defrag.peak_reserved_bytes
     );
 }
+
+/// A known failure of the property test above (found with
+/// `PROPTEST_CASES=1500`, its fixed seed, after 177 passing cases; issue 15,
+/// session 21), kept as a reproduction until it is fixed: run with
+/// `cargo test --release -p wasmem --test planned -- --ignored`.
+///
+/// Served from the cache of the loop itself (an aliased plan of two
+/// steps), step 2 deviates at its start (an extra 1-byte request, a kept
+/// activation freed 3 requests late): 3 misses. Step 3, the second step of
+/// that pair, is then served by no plan (0 hits, 0 misses), so the pairs
+/// lose their phase: step 4 (a skipped activation) gets no plan either, a
+/// plan is refused at its end (`plan_refused`) and another at step 7's; the
+/// 71 MiB arena stays (what the loop keeps lies in it) while the dynamic
+/// path grows beside it to 21 MiB, and a miss of step 9 runs out of memory
+/// at 1.25 × `defrag`'s need + 8 MiB (reserved 92 of 111 MB, 23 MB live).
+#[test]
+#[ignore = "known failure: pairs of steps lose their phase after a deviation at a step's start (issue 15)"]
+fn a_deviation_at_the_start_of_a_pair_of_steps_adds_no_oom() {
+    use Dev::*;
+    let mut devs = vec![vec![]; 10];
+    devs[2] = vec![Shift { at: 12, by: 3 }, Extra { at: 0, bytes: 1 }];
+    devs[4] = vec![Skip(2)];
+    devs[8] = vec![Skip(14)];
+    let (r, need, cap) = warm_kept_output_run(&kept_output_step(5, 1_142_785, 20_126_721), &devs, false);
+    assert_eq!(r.ooms, 0, "OOM at {cap} bytes where defrag needs {need}: {:?}", r.a.stats());
+    r.finish();
+}
