@@ -1815,13 +1815,23 @@ impl<D: Device> Allocator<D> {
             }
         }
         let Some(plan) = plain else { return Ok(()) };
-        let p = self.planning.as_mut().expect("planning is on");
         // A step that deviated from an aliased plan (its two halves no longer
-        // alike) keeps that plan when a plain one would hold more: it would
-        // need an arena of its own beside the one that serves.
+        // alike) keeps that plan when a plain one would hold more (it would
+        // need an arena of its own beside the one that serves), or when the
+        // plain one could not be installed under the peak so far beside the
+        // tensors live at its install point (as `prefer_aliased` judges) —
+        // which lie in the arena there is, held whole while they live: its
+        // steps would be dynamic until an install that is then refused.
+        let at_install = install_point(&profile.requests, &plan.offsets).1;
+        let beside = if at_install > 0 { at_install.max(self.stats.plan_arena_bytes) } else { 0 };
+        let fits_at_install = plan.arena_bytes.saturating_add(beside) <= high_water;
+        let p = self.planning.as_mut().expect("planning is on");
         let first = profile.requests.first().map(key);
         if p.plans.iter().any(|q| {
-            !q.first_only && q.zone > 0 && q.keys.first() == first.as_ref() && q.physical() <= plan.arena_bytes
+            !q.first_only
+                && q.zone > 0
+                && q.keys.first() == first.as_ref()
+                && (q.physical() <= plan.arena_bytes || !fits_at_install)
         }) {
             return Ok(());
         }
