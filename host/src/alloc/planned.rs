@@ -692,12 +692,19 @@ impl Planning {
             }
             // A larger arena (an aliased plan: its own), or the kept arena
             // of a first-step plan.
-            let kept = self.plans[i].kept_bytes > 0 && self.kept_seg.is_none();
-            let (size, zone) = self.current_arena();
-            let (want, want_zone) = (self.plans[i].arena_bytes, self.plans[i].zone);
-            let fits = zone == want_zone && if zone > 0 { want == size } else { want <= size };
-            self.installing = kept || !fits;
+            self.installing = self.needs_install(i);
         }
+    }
+
+    /// Whether plan `i` needs an arena installed to serve: a larger one
+    /// than the current arena (an aliased plan: its own), or the kept arena
+    /// of a first-step plan.
+    fn needs_install(&self, i: usize) -> bool {
+        let kept = self.plans[i].kept_bytes > 0 && self.kept_seg.is_none();
+        let (size, zone) = self.current_arena();
+        let (want, want_zone) = (self.plans[i].arena_bytes, self.plans[i].zone);
+        let fits = zone == want_zone && if zone > 0 { want == size } else { want <= size };
+        kept || !fits
     }
 
     /// Records an allocation of this step.
@@ -1050,6 +1057,15 @@ impl<D: Device> Allocator<D> {
             match planned {
                 Some((j, ..)) if j >= p.plans[i].install_at => {
                     if !self.install_arena()? {
+                        // Refused at the step's first request, bringing back
+                        // the plan it replaced, which the arena there is
+                        // serves: that plan serves the step from here (else
+                        // the step would be dynamic beside an idle arena).
+                        let p = self.planning.as_ref().expect("planning is on");
+                        if p.restored && p.current.is_empty() && !p.needs_install(i) {
+                            tracing::debug!("the plan it replaced serves this step");
+                            return self.planned_block(req);
+                        }
                         return Ok(None);
                     }
                 }
