@@ -1109,7 +1109,11 @@ impl<D: Device> Allocator<D> {
             tracing::trace!(request = p.current.len(), planned = ?planned, bytes = req.bytes, "plan miss");
             p.step_misses += 1;
             self.stats.plan_misses += 1;
-            if !matches!(planned, Some((_, None))) {
+            // A deviation: a request the plan does not have where it is
+            // (one it has, whose range is taken — by a tensor freed later
+            // than planned, or placed by the plan before — is no sign of
+            // another step: the plan serves on).
+            if planned.is_none() {
                 if p.deviation_run == 0 {
                     p.run_peaks = (self.stats.bytes.peak_reserved_bytes, self.stats.bytes.peak_live_bytes);
                 }
