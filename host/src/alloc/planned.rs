@@ -39,7 +39,9 @@
 //!
 //! Matching tolerates deviations: a request is compared with the next
 //! [`LOOKAHEAD`] entries of the plan; a match there skips the entries before
-//! it (missing requests); else a request of the entry at the cursor's kind,
+//! it (missing requests, or ones that come later: a request takes an entry
+//! skipped before one ahead, so that reordered requests keep their own);
+//! else a request of the entry at the cursor's kind,
 //! stream and planned size (its bytes rounded to [`PLAN_ALIGN`]) is that
 //! one, a few bytes off; no match leaves the cursor (an extra request). At
 //! a step's first request the most recently used plan whose first entry
@@ -423,6 +425,10 @@ pub(crate) struct Planning {
     /// The plan serving this step, and the next entry to match.
     active: Option<usize>,
     cursor: usize,
+    /// Entries the cursor skipped in this step (at most [`LOOKAHEAD`], the
+    /// latest): a request that arrives after its place (two swapped) takes
+    /// its own entry, not a later one of the same key.
+    skipped: Vec<u32>,
     /// No plan is chosen for this step yet, and one still may be: its
     /// first [`LOOKAHEAD`] requests may start a plan (what comes before
     /// is extra).
@@ -567,6 +573,7 @@ impl Planning {
             plans: Vec::new(),
             active: None,
             cursor: 0,
+            skipped: Vec::new(),
             choosing: false,
             installing: false,
             matched: Vec::new(),
@@ -652,7 +659,17 @@ impl Planning {
         };
         let j = if plan.keys.get(self.cursor) == Some(&k) {
             self.cursor
+        } else if let Some(s) = self.skipped.iter().position(|&s| plan.keys[s as usize] == k) {
+            // Late: its own entry, the cursor stays.
+            let j = self.skipped.remove(s) as usize;
+            return Some((j, plan.offsets[j]));
         } else if let Some(j) = (self.cursor + 1..end).find(|&j| plan.keys[j] == k) {
+            if self.skipped.len() + (j - self.cursor) > LOOKAHEAD {
+                let over = (self.skipped.len() + j - self.cursor).saturating_sub(LOOKAHEAD);
+                self.skipped.drain(..over.min(self.skipped.len()));
+            }
+            let from = j.saturating_sub(LOOKAHEAD).max(self.cursor);
+            self.skipped.extend((from..j).map(|s| s as u32));
             j
         } else {
             Some(self.cursor).filter(|&c| plan.keys.get(c).is_some_and(resized))?
@@ -680,6 +697,7 @@ impl Planning {
             .max_by_key(|(_, p)| (p.first_only, p.last_used))
             .map(|(i, _)| i);
         self.cursor = 0;
+        self.skipped.clear();
         self.matched.clear();
         if let Some(i) = self.active {
             self.plans[i].last_used = self.steps;
@@ -859,6 +877,7 @@ impl Planning {
         self.matched.clear();
         self.last_match = None;
         self.cursor = 0;
+        self.skipped.clear();
         self.steps += 1;
         (StepProfile { step, requests }, repeated)
     }
