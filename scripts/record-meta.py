@@ -18,7 +18,9 @@ set, its lengths drawn once with `--varseq`); `--checkpointing` recomputes activ
 backward (`gradient_checkpointing_enable`, eager attention); `--bf16` trains in bfloat16;
 `--optim sgd` uses SGD with momentum instead of AdamW; `--grads-kept`
 zeroes gradients in place (`zero_grad(set_to_none=False)`) instead of
-freeing them.
+freeing them; `--foreach` runs the optimizer's multi-tensor path (CUDA's
+default: whole lists of temporaries at the step); `--clip` clips the
+gradients' norm to 1.0 before each optimizer step (`clip_grad_norm_`).
 
 Needs torch, transformers and the wasmem package (`pip install ./python`).
 """
@@ -63,6 +65,23 @@ SHAPES = {
     ),
     # BERT base, masked language modelling, batch 16 x 512
     "bert": (lambda: transformers.BertConfig(), (16, 512)),
+    # Qwen2-shaped: a 151,936-token vocabulary (large logits), tied
+    # embeddings, 6 layers of width 896, batch 4 x 1024
+    "qwen2-small": (
+        lambda: transformers.Qwen2Config(
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=6,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            vocab_size=151936,
+            tie_word_embeddings=True,
+        ),
+        (4, 1024),
+    ),
+    # ViT base, image classification, batch 32 x 224 x 224 (the second
+    # number is the image side)
+    "vit": (lambda: transformers.ViTConfig(num_labels=1000), (32, 224)),
     # T5 small (encoder-decoder), batch 8, 512 tokens in, 128 out
     "t5-small": (lambda: transformers.T5Config(decoder_start_token_id=0, pad_token_id=0), (8, 512)),
 }
@@ -81,6 +100,8 @@ def main():
     ap.add_argument("--checkpointing", action="store_true", help="recompute activations in the backward")
     ap.add_argument("--bf16", action="store_true", help="train in bfloat16")
     ap.add_argument("--optim", choices=["adamw", "sgd"], default="adamw")
+    ap.add_argument("--foreach", action="store_true", help="the optimizer's multi-tensor (foreach) path")
+    ap.add_argument("--clip", action="store_true", help="clip the gradients' norm to 1.0 before each step")
     ap.add_argument("--grads-kept", action="store_true", help="zero gradients in place instead of freeing them")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -99,6 +120,8 @@ def main():
             model = transformers.BertForMaskedLM(config)
         elif args.model == "t5-small":
             model = transformers.T5ForConditionalGeneration(config)
+        elif args.model == "vit":
+            model = transformers.ViTForImageClassification(config)
         elif args.checkpointing:
             # Without a KV cache (checkpointing turns it off), transformers'
             # SDPA masks read tensors (`.item()`), which the meta device
@@ -112,29 +135,40 @@ def main():
             model.gradient_checkpointing_enable()
         model.train()
         if args.optim == "sgd":
-            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, foreach=args.foreach)
         else:
-            opt = torch.optim.AdamW(model.parameters())
+            opt = torch.optim.AdamW(model.parameters(), foreach=args.foreach)
         rec.track(model, opt)
         out = None
         for step in range(args.steps):
             for _ in range(args.accum):
                 length = rng.choice([seq // 4, seq // 2, 3 * seq // 4, seq]) if args.varseq else seq
-                ids = torch.randint(0, config.vocab_size, (batch, length))
-                if args.model == "t5-small":
+                if args.model == "vit":
+                    # Images have one size: drawn lengths do not apply.
+                    ids = torch.randn(batch, 3, seq, seq)
+                    out = model(pixel_values=ids, labels=torch.randint(0, 1000, (batch,)))
+                elif args.model == "t5-small":
+                    ids = torch.randint(0, config.vocab_size, (batch, length))
                     labels = torch.randint(0, config.vocab_size, (batch, max(length // 4, 1)))
                     out = model(input_ids=ids, labels=labels)
                 elif args.checkpointing:
+                    ids = torch.randint(0, config.vocab_size, (batch, length))
                     out = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids)
                 else:
+                    ids = torch.randint(0, config.vocab_size, (batch, length))
                     out = model(input_ids=ids, labels=ids)
                 out.loss.backward()
                 if not args.keep_outputs:
                     out = None
+            if args.clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=not args.grads_kept)
             if args.eval_every and (step + 1) % args.eval_every == 0:
                 with torch.no_grad():
+                    if args.model == "vit":
+                        model(pixel_values=ids)
+                        continue
                     batches = [(ids, labels if args.model == "t5-small" else ids)]
                     if eval_lengths:
                         batches = []

@@ -1010,6 +1010,69 @@ fn a_kept_output_loop_is_served_from_an_aliased_arena_at_defrag_s_peak() {
     }
 }
 
+/// [`kept_output_step`] with an evaluation forward before it (as a loop
+/// that evaluates after every third optimizer step records it): per layer
+/// an activation freed after the next layer's and a temporary, then logits
+/// freed at the evaluation's end; the training step's requests follow, its
+/// kept outputs freed in the next step where the template frees them.
+fn evaluated_kept_output_step(template: &[Req], layers: usize, act: u64, logits: u64) -> Vec<Req> {
+    let n = template.len();
+    let mut reqs: Vec<Req> = (0..2 * layers)
+        .map(|k| match k % 2 {
+            0 => Req { bytes: act + 8 * KIB, kind: TensorKind::Activation, free_at: (k + 3).min(2 * layers) },
+            _ => Req { bytes: act / 4, kind: TensorKind::Temp, free_at: k + 1 },
+        })
+        .collect();
+    reqs.push(Req { bytes: logits + 64 * KIB, kind: TensorKind::Activation, free_at: 2 * layers + 1 });
+    let m = reqs.len();
+    let total = m + n;
+    reqs.extend(
+        template
+            .iter()
+            .map(|r| Req { free_at: if r.free_at < n { r.free_at + m } else { r.free_at - n + total }, ..*r }),
+    );
+    reqs
+}
+
+#[test]
+fn a_kept_output_loop_that_evaluates_every_third_step_is_never_served_by_the_wrong_pair() {
+    // Steps planned two at a time (the outputs outlive their next
+    // instance) repeat as pairs only if the steps do: with an evaluation
+    // before every third step the pairs are two training steps, or one and
+    // an evaluating one, and pairs of both kinds start alike. A plan of one
+    // kind chosen for a pair of the other left it in its second step, the
+    // arena holding the first step's tensors, and the rest of the pair grew
+    // beside it: a warm run reserved 18 % more than `defrag` on a recorded
+    // GPT-2 loop. Planned placement goes off at the second pair instead
+    // (the plan cache says so): cold and warm runs reserve what `defrag` does.
+    let (layers, act, logits) = (6, 2 * MIB, 16 * MIB);
+    let train = kept_output_step(layers, act, logits);
+    let eval = evaluated_kept_output_step(&train, layers, act, logits);
+    let steps: Vec<&[Req]> = (0..15).map(|i| if i % 3 == 0 && i > 0 { &eval[..] } else { &train[..] }).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plans.json");
+    let run = |policy: &str, cache: Option<&std::path::Path>| {
+        let mut r = Run::new(policy, 4 * GIB);
+        if let Some(c) = cache {
+            r.a.use_plan_cache(c).unwrap();
+        }
+        for s in &steps {
+            r.step(s);
+        }
+        assert_eq!(r.ooms, 0);
+        r.finish()
+    };
+    let defrag = run("defrag", None);
+    for (which, s) in [("cold", run("planned", Some(&path))), ("warm", run("planned", Some(&path)))] {
+        assert!(
+            s.bytes.peak_reserved_bytes <= defrag.bytes.peak_reserved_bytes + 2 * MIB,
+            "{which}: planned {} above defrag {}: {s:?}",
+            s.bytes.peak_reserved_bytes,
+            defrag.bytes.peak_reserved_bytes
+        );
+    }
+}
+
 #[test]
 fn an_aliased_arena_never_serves_memory_its_other_window_holds() {
     // Outputs freed later than planned (and other deviations): a request
@@ -1929,30 +1992,47 @@ fn a_deviating_pair_keeps_its_aliased_plan_when_a_plain_one_cannot_be_installed_
 /// deviates too) ran dynamic beside an idle arena, up to an OOM at
 /// 1.25 × `defrag`'s need + 8 MiB. A plan the refused one replaced now
 /// serves the step at once (`planned_block`) when the arena there is fits
-/// it. The planner's decisions: `--nocapture`.
+/// it. (Pairs are planned since session 23 only once a pair like them
+/// recurs, which that case no longer meets: the case here, of a random
+/// search, does.) The planner's decisions: `--nocapture`.
 #[test]
 fn a_refused_install_at_a_step_s_start_is_served_by_the_plan_it_replaced() {
     use Dev::*;
-    let mut devs = vec![vec![]; 8];
-    devs[0] = vec![Skip(5)];
-    devs[4] = vec![Skip(2), Skip(0)];
+    let devs = vec![
+        vec![Swap(0)],
+        vec![],
+        vec![Shift { at: 4, by: 4 }, Skip(19), Shift { at: 20, by: 3 }],
+        vec![Extra { at: 20, bytes: 1773888 }, Resize { at: 21, delta: 271964 }],
+        vec![],
+        vec![Resize { at: 26, delta: 500630 }],
+        vec![Skip(23), Skip(6)],
+        vec![Resize { at: 19, delta: 336464 }],
+        vec![Skip(21), Resize { at: 17, delta: 59259 }],
+        vec![Skip(21), Extra { at: 25, bytes: 1362904 }, Shift { at: 1, by: -3 }],
+        vec![Extra { at: 19, bytes: 1551291 }],
+        vec![Skip(12), Shift { at: 18, by: 4 }, Shift { at: 2, by: -2 }],
+    ];
     let _ = tracing_subscriber::fmt().with_env_filter("wasmem=debug").with_test_writer().try_init();
-    let template = kept_output_step(3, 1_857_537, 18_487_297);
+    let template = kept_output_step(6, 2_385_796, 24_105_349);
     let (_dir, path) = learned_cache(&template, 8);
     let steps: Vec<Vec<Req>> =
         devs.iter().enumerate().map(|(i, d)| if i % 2 == 1 { template.to_vec() } else { ops(&template, d) }).collect();
     let (need, cap) = headroom(&steps);
     let mut r = Run::new("planned", cap);
     assert!(r.a.use_plan_cache(&path).unwrap() >= 1, "no plan cached");
-    let mut hits = Vec::new();
-    for s in &steps {
-        hits.push(r.step(s).plan_hits);
-    }
+    let per: Vec<(u64, u64)> = steps
+        .iter()
+        .map(|s| {
+            let st = r.step(s);
+            (st.plan_hits, st.plan_refused)
+        })
+        .collect();
     assert_eq!(r.ooms, 0, "OOM at {cap} bytes where defrag needs {need}: {:?}", r.a.stats());
-    // The install refused at step 3 (the plan of steps 1 and 2 needs an
-    // arena of its own), but the plan it replaced serves steps 3 and 4.
-    assert_eq!(r.a.stats().plan_refused, 1, "{:?}", r.a.stats());
-    assert!(hits[3] > 0 && hits[4] > 0, "plan hits by step: {hits:?}");
+    // An install is refused at a step's first request, and the plan it
+    // replaced serves that step (before, the step ran dynamic beside an
+    // idle arena).
+    let refused = per.iter().position(|&(_, refused)| refused > 0).expect("an install refused");
+    assert!(per[refused].0 > 0, "(plan hits, refused installs) by step: {per:?}");
     r.finish();
 }
 

@@ -484,6 +484,16 @@ pub(crate) struct Planning {
     period: u32,
     /// In a planned step of two training steps: the first one ended.
     mid: bool,
+    /// Requests of the first training step of the current planned step of
+    /// two (counted at its end).
+    pair_mid: u32,
+    /// Planned steps of two seen: the first request's key and the requests
+    /// of each training step (at most [`SHAPE_KINDS`] first keys kept).
+    pairs: Vec<(Key, u32, u32)>,
+    /// Two planned steps of two that start alike differ in the requests of
+    /// their training steps (an evaluation every third step, say): a plan
+    /// chosen by its first request cannot tell them ([`Planning::note_pair`]).
+    pairs_vary: bool,
     /// The plan a new plan of its first request replaced while it could
     /// serve the current arena as it is, where the new one needs another:
     /// it comes back if the new one's arena is refused (an arena holding
@@ -597,6 +607,9 @@ impl Planning {
             kept_left: std::collections::HashMap::new(),
             period: 1,
             mid: false,
+            pair_mid: 0,
+            pairs: Vec::new(),
+            pairs_vary: false,
             superseded: None,
             restored: false,
             left_peaks: None,
@@ -949,6 +962,39 @@ impl Planning {
             self.shapes_vary = true;
         }
         self.forwards.clear();
+    }
+
+    /// At the end of a planned step of two training steps: compares it with
+    /// the one seen first with the same first request. Steps planned two at
+    /// a time must repeat as pairs; where the training steps of two pairs
+    /// that start alike hold different numbers of requests (more than 1 %
+    /// and 2 apart: another kind of step, not a deviation), a plan chosen
+    /// by the first request would serve one pair with the other's plan, and
+    /// leave it in the middle with the arena holding the first step's
+    /// tensors: `pairs_vary` (planned placement then goes off,
+    /// [`Allocator::suspend_if_unsteady`]). E.g. a loop that keeps its
+    /// outputs and evaluates every third step: its pairs are two training
+    /// steps, or one and an evaluation.
+    /// Returns whether a pair like it was seen before (a pair is planned
+    /// only once its kind recurs: a pair seen once may be one of two kinds
+    /// that start alike, the other not seen yet).
+    fn note_pair(&mut self) -> bool {
+        let Some(first) = self.current.first().map(key) else { return false };
+        let n = self.current.len() as u32;
+        let (a, b) = (self.pair_mid.min(n), n - self.pair_mid.min(n));
+        // (Deviations leave a step at 8 in a row and 1 %: not a count apart.)
+        let apart = |x: u32, y: u32| x.abs_diff(y) > 8 + x.max(y) / 100;
+        match self.pairs.iter().find(|q| q.0 == first) {
+            Some(&(_, a0, b0)) => {
+                self.pairs_vary |= apart(a, a0) || apart(b, b0);
+                true
+            }
+            None if self.pairs.len() < SHAPE_KINDS => {
+                self.pairs.push((first, a, b));
+                false
+            }
+            None => false,
+        }
     }
 
     /// Drops the plans and turns planned placement off for the rest of
@@ -1412,12 +1458,15 @@ impl<D: Device> Allocator<D> {
         let Some(p) = self.planning.as_mut() else { return Ok(()) };
         p.high_water = p.high_water.max(self.stats.bytes.peak_reserved_bytes);
         p.note_shapes();
+        let mut pair_seen = false;
         if p.period > 1 && p.steps > 0 {
             // The first training step of a planned step of two ends.
             p.mid = !p.mid;
             if p.mid {
+                p.pair_mid = p.current.len() as u32;
                 return Ok(());
             }
+            pair_seen = p.note_pair();
         }
         let (hits, misses) = (std::mem::take(&mut p.step_hits), std::mem::take(&mut p.step_misses));
         let restored = std::mem::take(&mut p.restored);
@@ -1439,9 +1488,10 @@ impl<D: Device> Allocator<D> {
         // most 1 in 100 (a step of a new shape after one of another: its
         // gradients wrap as the other's did, a loss does not); they stay
         // dynamic. Not in plans of two steps: keyed by their first request,
-        // the second step's shape would not be known when chosen.
+        // the second step's shape would not be known when chosen; nor is a
+        // pair planned before a pair like it recurs ([`Planning::note_pair`]).
         let few_unknown = p.period == 1 && (n - known) * 100 <= n;
-        let worth = n > 0 && known > 0 && (known == n || repeated || few_unknown);
+        let worth = n > 0 && known > 0 && (known == n || repeated || few_unknown) && (p.period == 1 || pair_seen);
         // (A settled plan misses up to 1 in 10 before it is planned again;
         // any plan but a cached first-step one, two requests: an extra
         // tensor or two is no new step. A profile knows more when fewer of
@@ -1542,6 +1592,14 @@ impl<D: Device> Allocator<D> {
             tracing::warn!(
                 "steps that start alike differ later (the later forward passes of a step change shape from step to \
                  step): planned placement is off for the rest of the run"
+            );
+            p.suspend();
+            return;
+        }
+        if p.pairs_vary {
+            tracing::warn!(
+                "steps planned two at a time differ from pair to pair (two pairs that start alike hold other steps, \
+                 e.g. an evaluation every third step): planned placement is off for the rest of the run"
             );
             p.suspend();
             return;
