@@ -29,7 +29,9 @@
 //! borrows the arena's free space first ([`Allocator::lend_idle_arena`]):
 //! where the plan allocates least while its tensor is expected to live (as
 //! planned, for a request the plan has), never a planned request larger
-//! than the growth it saves ([`Allocator::displaced`]).
+//! than the growth it saves (for a request the plan leaves dynamic, which
+//! comes every step: than half of it) ([`Allocator::displaced`]), at a free
+//! block's start or end.
 //! Traces without step markers (most PyTorch snapshots) stay on the dynamic
 //! path, with `defrag`'s results — unless the planner asks for steps found
 //! by the period of the requests ([`PlannerPolicy::steps_by_period`],
@@ -444,6 +446,11 @@ pub(crate) struct Planning {
     /// step's requests so far) and the plan's time in which its tensor is
     /// expected to live (see [`Allocator::displaced`]).
     borrow: Option<(u32, u32, u32)>,
+    /// That request is one its plan leaves dynamic (a tensor that outlives
+    /// its next instance, an input held until the next batch replaces it):
+    /// it comes every step, so it displaces no planned request as large as
+    /// the growth it saves (that one would grow as much, every step).
+    borrow_planless: bool,
     /// Dynamic cache to give back after the first step served by a new arena.
     trim_pending: bool,
     /// The smallest arena the device refused: larger plans are not installed.
@@ -589,6 +596,7 @@ impl Planning {
             matched: Vec::new(),
             last_match: None,
             borrow: None,
+            borrow_planless: false,
             trim_pending: false,
             refused_arena: u64::MAX,
             step_hits: 0,
@@ -1194,6 +1202,7 @@ impl<D: Device> Allocator<D> {
                 None => (p.cursor as u32, (p.cursor as u32).saturating_add(n)),
             };
             p.borrow = Some((p.current.len() as u32, from, until.min(from.saturating_add(n))));
+            p.borrow_planless = matches!(planned, Some((_, None)));
             // A cached first-step plan is chosen on the first request alone
             // and installed at once: a run that turns out to be another
             // training leaves it, and its arena, as soon as that is plain.
@@ -2404,7 +2413,8 @@ impl<D: Device> Allocator<D> {
 
     /// When the dynamic path would grow by `grow` bytes (after the first
     /// step): a block for `req` in the free space of the current arena (best
-    /// fit), when the arena holds some tensor, and
+    /// fit, at a free block's start or end), when the arena holds some
+    /// tensor or a plan serves the step, and
     /// - in a step no plan serves, always (an arena that holds none goes
     ///   instead: [`Allocator::release_arena_for_dynamic_step`]);
     /// - in a step a plan serves (a deviation, or a planned range still
@@ -2424,7 +2434,9 @@ impl<D: Device> Allocator<D> {
         let p = self.planning.as_ref().filter(|p| p.steps > 0)?;
         let last = p.arenas.len().checked_sub(1)?;
         let arena = &p.arenas[last];
-        if Some(arena.seg) == p.kept_seg || self.arena_is_free(arena.seg) {
+        // (An arena that holds nothing is lent in a step its plan serves,
+        // whose first requests find it so.)
+        if Some(arena.seg) == p.kept_seg || (p.active.is_none() && self.arena_is_free(arena.seg)) {
             return None;
         }
         // (Planning off: the arena should empty, to be released, not fill;
@@ -2440,8 +2452,11 @@ impl<D: Device> Allocator<D> {
         let fits = self.free_fits(last, size);
         let displaced = self.displaced(last, size, &fits).unwrap_or_else(|| vec![0; fits.len()]);
         // Best fit among the ranges that displace least, and never a
-        // planned request larger than the growth: growing costs less.
-        let most = grow.max(size);
+        // planned request larger than the growth: growing costs less (for a
+        // request the plan leaves dynamic, which comes every step: none
+        // larger than half of it, which then needs little of its own).
+        let planless = p.borrow_planless && p.borrow.is_some_and(|(at, ..)| at == p.current.len() as u32);
+        let most = if planless { grow / 2 } else { grow.max(size) };
         let mut ranked: Vec<_> = displaced.into_iter().zip(fits).filter(|&(d, _)| d <= most).collect();
         ranked.sort_unstable();
         let taken = ranked
@@ -2517,9 +2532,9 @@ impl<D: Device> Allocator<D> {
 
     /// Where a block of `size` bytes (a multiple of [`PLAN_ALIGN`]) could go
     /// in the free space of arena `a`: per free block that large, its size
-    /// and an offset: the block's start; in an aliased arena, per window
-    /// the block lies in, the first offset whose alias in the other window
-    /// is free too ([`alias_fit`]), and the block's end.
+    /// and an offset: the block's start and its end; in an aliased arena,
+    /// per window the block lies in, the first offset whose alias in the
+    /// other window is free too ([`alias_fit`]), and the block's end.
     #[cold]
     fn free_fits(&self, a: usize, size: u64) -> Vec<(u64, u64)> {
         let Some(arena) = self.planning.as_ref().and_then(|p| p.arenas.get(a)) else { return Vec::new() };
@@ -2535,6 +2550,10 @@ impl<D: Device> Allocator<D> {
             let (lo, hi) = (blk.offset, blk.offset + blk.size);
             if arena.zone == 0 {
                 fits.push((blk.size, lo));
+                let end = (hi - size) / PLAN_ALIGN * PLAN_ALIGN;
+                if end > lo {
+                    fits.push((blk.size, end));
+                }
                 continue;
             }
             for (wlo, whi) in [(lo, hi.min(half)), (lo.max(half), hi)] {
