@@ -356,3 +356,69 @@ fn builtin_defrag_stitches_without_syncs() {
     assert_eq!(s.device_syncs, 0);
     a.check_invariants().unwrap();
 }
+
+/// A growth whose pool has a paged segment ending in a free block maps the
+/// new pages right after that segment — whole free pages of holes first (a
+/// stitch's pages), then fresh ones — so the request starts in the free end
+/// of the last, partly used page instead of leaving it beside a new segment.
+#[test]
+fn a_segment_ending_in_a_free_block_grows_in_place_with_the_pages_of_holes() {
+    let mut a = allocator_with(true);
+    // Five 4 MiB tensors share one paged 20 MiB segment.
+    let ids: Vec<_> = (0..5).map(|_| a.alloc(4 * MIB, TensorKind::Activation, StreamId(0)).unwrap()).collect();
+    a.free(ids[1]).unwrap();
+    // 11 MiB takes the hole's two pages and four fresh ones (a 12 MiB
+    // segment); the 1 MiB left at its end is split off (PyTorch's placement
+    // keeps remainders of 1 MiB inside the block).
+    let first = a.alloc(11 * MIB, TensorKind::Activation, StreamId(0)).unwrap();
+    assert_eq!((a.stats().stitches, a.gauges().reserved_bytes), (1, 28 * MIB));
+    a.free(ids[3]).unwrap();
+    // 13 MiB: a new segment would be 7 pages (two of them the new hole's);
+    // the 1 MiB free end plus 6 pages (the hole's two, four fresh) hold it.
+    let calls = a.stats().device_alloc_calls;
+    let second = a.alloc(13 * MIB, TensorKind::Activation, StreamId(0)).unwrap();
+    assert_eq!(a.address(second).unwrap(), a.address(first).unwrap() + 11 * MIB, "not in place");
+    assert_eq!((a.stats().stitches, a.stats().stitched_bytes), (2, 8 * MIB));
+    assert_eq!(a.stats().device_alloc_calls, calls + 4);
+    assert_eq!(a.gauges().reserved_bytes, 36 * MIB, "28 - 4 carved + 12, not + 14");
+    for (i, &id) in [ids[0], ids[2], ids[4], first, second].iter().enumerate() {
+        let len = a.tensor(id).unwrap().bytes as usize;
+        a.write(id, 0, &pattern(i as u64, 0, len)).unwrap();
+    }
+    for (i, &id) in [ids[0], ids[2], ids[4], first, second].iter().enumerate() {
+        let len = a.tensor(id).unwrap().bytes as usize;
+        let mut got = vec![0u8; len];
+        a.read(id, 0, &mut got).unwrap();
+        assert_eq!(got, pattern(i as u64, 0, len), "tensor {i}");
+    }
+    a.check_invariants().unwrap();
+    a.device().check_invariants().unwrap();
+    for id in [ids[0], ids[2], ids[4], first, second] {
+        a.free(id).unwrap();
+    }
+    a.release_cached(&ReclaimDecision::all()).unwrap();
+    assert_eq!((a.gauges().reserved_bytes, a.gauges().segments), (0, 0));
+    assert_eq!(a.device().counters().used_bytes, 0, "every page and reservation went back");
+    a.check_invariants().unwrap();
+}
+
+/// `defrag` keeps large activations that are not whole pages (ViT's
+/// 197-token ones) one after another in one growing segment: the live ones
+/// share their partly used pages, and the reserved bytes stay within a page
+/// of the live ones (each in its own segment, every one would waste its
+/// last page's free part: 30 × 724 KiB here).
+#[test]
+fn defrag_keeps_activations_that_are_not_whole_pages_in_one_growing_segment() {
+    let dev = SimDevice::new(SimConfig { capacity: 4096 * MIB, ..SimConfig::default() });
+    let mut a = Allocator::with_builtin(dev, "defrag").unwrap();
+    let bytes = 11 * MIB + 300 * 1024;
+    let ids: Vec<_> = (0..30).map(|_| a.alloc(bytes, TensorKind::Activation, StreamId(0)).unwrap()).collect();
+    let g = a.gauges();
+    assert_eq!(g.live_bytes, 30 * bytes);
+    assert!(g.reserved_bytes < g.live_bytes + 2 * MIB, "reserved {} for live {}", g.reserved_bytes, g.live_bytes);
+    assert_eq!(g.segments, 1);
+    for w in ids.windows(2) {
+        assert_eq!(a.address(w[1]).unwrap(), a.address(w[0]).unwrap() + bytes);
+    }
+    a.check_invariants().unwrap();
+}

@@ -4,8 +4,10 @@
 //! ```text
 //!  1. reclaim (Grow)        cached memory is waste when a pool must grow: the reclamation
 //!                           policy releases cache, and may ask to …
-//!  2. stitch                … build the new segment from free pages of paged segments
-//!  3. new segment           from the device (paged while the reclamation policy asks for pages)
+//!  2. stitch                … build the new segment from free pages of paged segments (or
+//!                           extend a segment whose last block is free with them)
+//!  3. new segment           from the device (paged while the reclamation policy asks for pages;
+//!                           a paged segment whose last block is free is extended instead)
 //!  ── the device is full ──
 //!  4. drain deferred frees  wait for the streams, so that every pending free completes
 //!  5. reclaim (AllocFailed) unless releasing everything cached could not make room; may stitch
@@ -91,16 +93,23 @@ impl<D: Device> Allocator<D> {
         if self.cached_bytes() > 0 {
             let trigger = ReclaimTrigger::Grow { request: req, segment_bytes: g.segment };
             if self.run_reclaim(&trigger)? {
-                if let Some((block, _)) = self.stitch(g.pool, req.stream, g.segment)? {
+                if let Some(block) = self.stitch_or_extend(g, g.segment)? {
                     return Ok(block);
                 }
             }
         }
         // 3. A new segment (an idle planned arena goes first: see
-        // `release_arena_for_dynamic_step`).
+        // `release_arena_for_dynamic_step`), or a paged one extended.
         self.release_arena_for_dynamic_step()?;
         let page = self.paged_page(g.segment);
         let segment = if page > 0 { round_up(g.segment, page).unwrap_or(g.segment) } else { g.segment };
+        if page > 0 {
+            if let Some(block) =
+                self.extend_tail(g.pool, req.stream, g.rounded, extra_of(g, page), segment / page, false)?
+            {
+                return Ok(block);
+            }
+        }
         match self.new_segment(g.pool, segment, page, &req) {
             Err(AllocError::Device(DeviceError::OutOfMemory { .. })) => {}
             served => return served,
@@ -116,7 +125,7 @@ impl<D: Device> Allocator<D> {
         if !hopeless {
             let trigger = ReclaimTrigger::AllocFailed { request: req, segment_bytes: segment };
             if self.run_reclaim(&trigger)? {
-                if let Some((block, _)) = self.stitch(g.pool, req.stream, segment)? {
+                if let Some(block) = self.stitch_or_extend(g, segment)? {
                     return Ok(block);
                 }
             }
@@ -145,6 +154,21 @@ impl<D: Device> Allocator<D> {
             }),
             served => served,
         }
+    }
+
+    /// A stitch's pages for the growth: a paged segment whose last block is
+    /// free extended with them, or a new segment of `segment` bytes stitched
+    /// from them.
+    fn stitch_or_extend(&mut self, g: &Growth, segment: u64) -> Result<Option<u32>, AllocError> {
+        let page = self.paged_page(segment);
+        if page > 0 {
+            if let Some(block) =
+                self.extend_tail(g.pool, g.req.stream, g.rounded, extra_of(g, page), segment.div_ceil(page), true)?
+            {
+                return Ok(Some(block));
+            }
+        }
+        Ok(self.stitch(g.pool, g.req.stream, segment)?.map(|(block, _)| block))
     }
 
     /// Waits for every stream when frees are pending, and completes them.
@@ -248,4 +272,11 @@ enum Evicted {
     Some,
     /// No victim was offered.
     Nothing,
+}
+
+/// The bytes of the policy's segment for `g` beyond the request's whole
+/// pages (a growth chunk larger than the request): an extension adds them
+/// too.
+fn extra_of(g: &Growth, page: u64) -> u64 {
+    g.segment.saturating_sub(round_up(g.rounded, page).unwrap_or(g.rounded))
 }

@@ -550,7 +550,7 @@ impl<D: Device> Allocator<D> {
         // index entry becomes the remainder's in place.
         let b = *self.arena.blocks.get(block);
         let remainder = b.size - p.rounded;
-        if remainder > 0 && remainder >= p.decision.split_min_remainder {
+        if remainder > 0 && (remainder >= p.decision.split_min_remainder || self.extensible_end(&b)) {
             let rest = self.arena.blocks.insert(Block {
                 segment: b.segment,
                 offset: b.offset + p.rounded,

@@ -14,6 +14,12 @@
 //!   that is not contiguous, without copying a byte.
 //! - **Trimming**: a release with `trim` also unmaps and releases the free
 //!   whole pages inside segments that still hold tensors.
+//! - **Extending** (PyTorch's expandable segments): a reservation is larger
+//!   than the pages first mapped into it, and a segment whose last block is
+//!   free grows in place — pages (free whole pages of other blocks, as a
+//!   stitch takes them, then fresh ones) are mapped right after its end, so
+//!   that the free bytes of its last, partly used page serve the request
+//!   instead of being lost beside a new segment.
 //!
 //! Taking pages out of the middle of a segment *cuts* it: the part before the
 //! pages and the part after them become two segments (same reservation, same
@@ -34,6 +40,9 @@
 //! Invariants (checked by `Allocator::check_invariants`):
 //! - a paged segment's base is page-aligned, its size is `pages × page`, and
 //!   page `i` is mapped at `base + i × page`;
+//! - the `room` after a paged segment lies inside its reservation and holds
+//!   no other segment's bytes (it may be less than the truth: the room a
+//!   released neighbour leaves is not claimed);
 //! - a reservation's reference count equals the number of segments inside it,
 //!   and a reservation with no segment is released at once.
 //!
@@ -51,6 +60,9 @@ pub(crate) struct PagedSeg {
     pub pages: Vec<PhysHandle>,
     /// The reservation the segment lies in (key of `Allocator::reservations`).
     pub resv: DevicePtr,
+    /// Bytes of address space right after the segment's end, inside its
+    /// reservation, that no segment uses: it may be extended by as much.
+    pub room: u64,
 }
 
 /// The paging part of the allocator: the pages of paged segments and the
@@ -68,6 +80,8 @@ impl Paging {
     /// arena's segments (`page`: the device's granularity).
     pub fn check(&self, segments: &super::slab::Slab<Segment>, page: u64) -> Result<(), String> {
         let mut refs: rustc_hash::FxHashMap<DevicePtr, u32> = Default::default();
+        // (base, end including room) of the segments of each reservation.
+        let mut spans: rustc_hash::FxHashMap<DevicePtr, Vec<(DevicePtr, DevicePtr)>> = Default::default();
         for (&si, p) in &self.segs {
             let s =
                 segments.try_get(si).ok_or_else(|| format!("paged entry for segment {si}, which does not exist"))?;
@@ -78,6 +92,17 @@ impl Paging {
                 return Err(format!("paged segment {si} is not inside a known reservation"));
             }
             *refs.entry(p.resv).or_default() += 1;
+            spans.entry(p.resv).or_default().push((s.base, s.base + s.size + p.room));
+        }
+        for (resv, mut v) in spans {
+            v.sort_unstable();
+            let end = resv + self.reservations.get(&resv).map_or(0, |r| r.size);
+            for (i, &(b, e)) in v.iter().enumerate() {
+                let next = v.get(i + 1).map_or(end, |n| n.0);
+                if e > next {
+                    return Err(format!("paged segment at {b:#x}: its room reaches {e:#x}, past {next:#x}"));
+                }
+            }
         }
         for (va, r) in &self.reservations {
             if refs.get(va).copied().unwrap_or(0) != r.refs {
@@ -93,6 +118,8 @@ impl Paging {
 pub(crate) struct Reservation {
     /// Segments that lie in it.
     pub refs: u32,
+    /// Its bytes of address space.
+    pub size: u64,
 }
 
 /// A run of whole free pages inside one free block.
@@ -169,32 +196,53 @@ impl<D: Device> Allocator<D> {
         Ok(out)
     }
 
-    /// Maps `pages` in order into a new reservation; returns its base.
+    /// Address space reserved after a new paged segment's pages, so that it
+    /// can be extended in place: 1/8 of the device (at most 64 GiB, at
+    /// least a page). Address space costs no memory (PyTorch's expandable
+    /// segments reserve the whole device), but a run may hold hundreds of
+    /// reservations at once.
+    fn room_for_extension(&self, page: u64) -> u64 {
+        let want = (self.device.capacity() / 8).min(64 << 30);
+        crate::types::round_up(want, page).unwrap_or(page).max(page)
+    }
+
+    /// Maps `pages` in order into a new reservation of their bytes and
+    /// `room` more; returns its base and records the reservation.
     /// On failure everything is unmapped again; the pages stay unmapped and
     /// owned by the caller.
-    fn map_pages(&mut self, pages: &[PhysHandle], page: u64) -> Result<DevicePtr, DeviceError> {
-        let va = self.device.reserve_virtual(pages.len() as u64 * page)?;
+    fn map_pages(&mut self, pages: &[PhysHandle], page: u64, room: u64) -> Result<DevicePtr, DeviceError> {
+        let size = pages.len() as u64 * page + room;
+        let va = self.device.reserve_virtual(size)?;
+        if let Err(e) = self.map_at(va, pages, page) {
+            self.device.release_virtual(va)?;
+            return Err(e);
+        }
+        self.paging.reservations.insert(va, Reservation { refs: 1, size });
+        Ok(va)
+    }
+
+    /// Maps `pages` in order from `va`; on failure unmaps them again.
+    fn map_at(&mut self, va: DevicePtr, pages: &[PhysHandle], page: u64) -> Result<(), DeviceError> {
         for (i, &h) in pages.iter().enumerate() {
             if let Err(e) = self.device.map(va + i as u64 * page, h) {
                 for j in 0..i {
                     self.device.unmap(va + j as u64 * page)?;
                 }
-                self.device.release_virtual(va)?;
                 return Err(e);
             }
         }
-        Ok(va)
+        Ok(())
     }
 
     /// Allocates a paged segment of `bytes` (a multiple of `page`): returns
     /// its base. The device's error (e.g. out of memory) leaves nothing behind.
     pub(super) fn alloc_paged_segment(&mut self, bytes: u64, page: u64) -> Result<(DevicePtr, PagedSeg), DeviceError> {
         let pages = self.create_pages(bytes / page, page)?;
-        match self.map_pages(&pages, page) {
+        let room = self.room_for_extension(page);
+        match self.map_pages(&pages, page, room) {
             Ok(va) => {
-                self.paging.reservations.insert(va, Reservation { refs: 1 });
                 self.stats.paged_segments += 1;
-                Ok((va, PagedSeg { pages, resv: va }))
+                Ok((va, PagedSeg { pages, resv: va, room }))
             }
             Err(e) => {
                 for h in pages {
@@ -316,7 +364,9 @@ impl<D: Device> Allocator<D> {
             } else {
                 self.arena.blocks.get_mut(b0.prev).next = NIL;
             }
-            self.paging.segs.insert(ls, PagedSeg { pages: before, resv: ps.resv });
+            // Its room: the pages taken (and the old room when nothing follows).
+            let room = if hi < seg.size { hi - lo } else { hi - lo + ps.room };
+            self.paging.segs.insert(ls, PagedSeg { pages: before, resv: ps.resv, room });
             segments_now += 1;
         }
         // The part after the pages: a remnant of `blk` after `hi`, then the
@@ -352,7 +402,7 @@ impl<D: Device> Allocator<D> {
                 }
                 cur = bm.next;
             }
-            self.paging.segs.insert(rs, PagedSeg { pages: after, resv: ps.resv });
+            self.paging.segs.insert(rs, PagedSeg { pages: after, resv: ps.resv, room: ps.room });
             segments_now += 1;
         }
         if !left_remnant {
@@ -373,6 +423,48 @@ impl<D: Device> Allocator<D> {
         Ok(taken)
     }
 
+    /// Whether `b` is the last block of a paged segment that can be
+    /// extended: a remainder split off its end is not lost (the policy's
+    /// smallest remainder keeps unusable slivers out of the free lists; this
+    /// one serves the next extension).
+    #[inline]
+    pub(super) fn extensible_end(&self, b: &Block) -> bool {
+        b.next == NIL && !self.paging.segs.is_empty() && self.paging.segs.get(&b.segment).is_some_and(|ps| ps.room > 0)
+    }
+
+    /// The free page runs that give `need` pages, greatest first, leaving
+    /// out the block `except`; returns them and the pages they hold.
+    fn plan_runs(&self, need: u64, except: u32) -> (Vec<PageRun>, u64) {
+        let mut plan = Vec::new();
+        let mut have = 0u64;
+        // The greatest runs first, as many as needed: a heap, not a full sort.
+        let mut runs: std::collections::BinaryHeap<_> =
+            self.free_page_runs(None).into_iter().filter(|r| r.block != except).map(|r| (r.rank(), r.block)).collect();
+        while have < need {
+            let Some(((count, std::cmp::Reverse(va)), block)) = runs.pop() else { break };
+            let run = PageRun { block, va, count: count.min(need - have) };
+            have += run.count;
+            plan.push(run);
+        }
+        (plan, have)
+    }
+
+    /// Carves the runs of `plan` (their streams waited for first) and
+    /// returns their pages in order.
+    fn take_runs(&mut self, plan: Vec<PageRun>) -> Result<Vec<PhysHandle>, AllocError> {
+        let streams: Vec<StreamId> =
+            plan.iter().map(|r| self.arena.segments.get(self.arena.blocks.get(r.block).segment).stream).collect();
+        self.quiesce(&streams)?;
+        // Carving moves blocks between segments: plan runs by block, and a
+        // later run never names a block an earlier carve removed (one run per
+        // free block).
+        let mut pages = Vec::new();
+        for run in plan {
+            pages.extend(self.carve(run)?);
+        }
+        Ok(pages)
+    }
+
     /// Builds a segment of `segment_bytes` for `pool` on `stream` from free
     /// whole pages of the pool's paged segments plus fresh pages for the
     /// rest. Returns its single block (not in the free index), or `None` when
@@ -389,17 +481,7 @@ impl<D: Device> Allocator<D> {
             return Ok(None);
         }
         let need = segment_bytes.div_ceil(page);
-        let mut plan = Vec::new();
-        let mut have = 0u64;
-        // The greatest runs first, as many as needed: a heap, not a full sort.
-        let mut runs: std::collections::BinaryHeap<_> =
-            self.free_page_runs(None).into_iter().map(|r| (r.rank(), r.block)).collect();
-        while have < need {
-            let Some(((count, std::cmp::Reverse(va)), block)) = runs.pop() else { break };
-            let run = PageRun { block, va, count: count.min(need - have) };
-            have += run.count;
-            plan.push(run);
-        }
+        let (plan, have) = self.plan_runs(need, NIL);
         if have == 0 {
             return Ok(None);
         }
@@ -408,25 +490,16 @@ impl<D: Device> Allocator<D> {
             Err(DeviceError::OutOfMemory { .. }) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        let streams: Vec<StreamId> =
-            plan.iter().map(|r| self.arena.segments.get(self.arena.blocks.get(r.block).segment).stream).collect();
-        self.quiesce(&streams)?;
-        // Carving moves blocks between segments: plan runs by block, and a
-        // later run never names a block an earlier carve removed (one run per
-        // free block).
-        let mut pages = Vec::with_capacity(need as usize);
-        for run in plan {
-            pages.extend(self.carve(run)?);
-        }
+        let mut pages = self.take_runs(plan)?;
         pages.extend(fresh);
-        let va = self.map_pages(&pages, page)?;
-        self.paging.reservations.insert(va, Reservation { refs: 1 });
+        let room = self.room_for_extension(page);
+        let va = self.map_pages(&pages, page, room)?;
         let size = need * page;
         let seg = self.arena.segments.insert(Segment { base: va, size, pool, stream, first: NIL, born: self.clock });
         let block =
             self.arena.blocks.insert(Block { segment: seg, offset: 0, size, prev: NIL, next: NIL, tensor: NIL });
         self.arena.segments.get_mut(seg).first = block;
-        self.paging.segs.insert(seg, PagedSeg { pages, resv: va });
+        self.paging.segs.insert(seg, PagedSeg { pages, resv: va, room });
         self.stats.bytes.add_reserved(size);
         self.arena.pools[pool as usize].gauges.add_reserved(size);
         self.stats.device_alloc_calls += need - have;
@@ -435,6 +508,104 @@ impl<D: Device> Allocator<D> {
         self.stats.paged_segments += 1;
         self.record(ActionKind::SegmentAlloc, va, size, stream, None);
         Ok(Some((block, size)))
+    }
+
+    /// The free last block of a paged segment of `pool` on `stream` that can
+    /// be extended to hold `rounded` bytes (and `extra`) with the fewest
+    /// pages, no more than the `whole` pages of a new segment (the least free
+    /// one of those: larger ones stay for other requests); returns the block
+    /// and the pages to add. Extending even when it saves no page keeps the
+    /// request beside the segment's last one: their partly used pages become
+    /// one, and the next extension starts from a larger free end.
+    fn extensible_tail(
+        &self,
+        pool: u32,
+        stream: StreamId,
+        rounded: u64,
+        extra: u64,
+        whole: u64,
+        page: u64,
+    ) -> Option<(u32, u64)> {
+        // (pages to add, free bytes, address, block)
+        let mut best: Option<(u64, u64, DevicePtr, u32)> = None;
+        for (s, size, addr, blk) in self.arena.pools[pool as usize].free.at_least(1) {
+            if s != stream || size >= rounded {
+                continue;
+            }
+            let add = (rounded - size + extra).div_ceil(page);
+            if add > whole || best.is_some_and(|b| (add, size, addr) >= (b.0, b.1, b.2)) {
+                continue;
+            }
+            let b = self.arena.blocks.get(blk);
+            if b.next != NIL {
+                continue;
+            }
+            if self.paging.segs.get(&b.segment).is_some_and(|ps| add * page <= ps.room) {
+                best = Some((add, size, addr, blk));
+            }
+        }
+        best.map(|(add, _, _, blk)| (blk, add))
+    }
+
+    /// Extends a paged segment of `pool` on `stream` whose last block is free
+    /// by the pages that make that block hold `rounded` bytes (and `extra`
+    /// more: the part of the policy's segment beyond the request), when that
+    /// takes no more pages than the `whole` of a new segment: free
+    /// whole pages of other blocks first when `stitch` (a stitch's pages),
+    /// then fresh ones. Returns the grown block (taken out of the free
+    /// index), or `None` when no segment can grow so, or (with `stitch`)
+    /// when no free page would be used. A device error creating the fresh
+    /// pages (out of memory) changes nothing.
+    pub(super) fn extend_tail(
+        &mut self,
+        pool: u32,
+        stream: StreamId,
+        rounded: u64,
+        extra: u64,
+        whole: u64,
+        stitch: bool,
+    ) -> Result<Option<u32>, AllocError> {
+        let page = self.device.granularity();
+        if page == 0 || self.paging.segs.is_empty() {
+            return Ok(None);
+        }
+        let Some((blk, need)) = self.extensible_tail(pool, stream, rounded, extra, whole, page) else {
+            return Ok(None);
+        };
+        let (plan, have) = if stitch { self.plan_runs(need, blk) } else { (Vec::new(), 0) };
+        if stitch && have == 0 {
+            return Ok(None);
+        }
+        let fresh = match self.create_pages(need - have, page) {
+            Ok(f) => f,
+            Err(DeviceError::OutOfMemory { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let mut pages = self.take_runs(plan)?;
+        pages.extend(fresh);
+        // Carving may have cut the segment: `blk` is still its last block.
+        let si = self.arena.blocks.get(blk).segment;
+        let seg = *self.arena.segments.get(si);
+        let end = seg.base + seg.size;
+        self.map_at(end, &pages, page)?;
+        let added = need * page;
+        let b = *self.arena.blocks.get(blk);
+        self.arena.pools[pool as usize].free.remove(&(seg.stream, b.size, seg.base + b.offset, blk));
+        self.arena.blocks.get_mut(blk).size += added;
+        self.arena.segments.get_mut(si).size += added;
+        let ps = self.paging.segs.get_mut(&si).expect("an extended segment is paged");
+        debug_assert!(ps.room >= added);
+        ps.room -= added;
+        ps.pages.extend(pages);
+        self.stats.bytes.grow(added);
+        self.arena.pools[pool as usize].gauges.grow(added);
+        self.stats.device_alloc_calls += need - have;
+        if have > 0 {
+            self.stats.stitches += 1;
+            self.stats.stitched_bytes += have * page;
+        }
+        self.record(ActionKind::SegmentAlloc, end, added, stream, None);
+        Ok(Some(blk))
     }
 
     /// Releases free whole pages inside paged segments of the selected pools
