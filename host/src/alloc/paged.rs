@@ -429,7 +429,10 @@ impl<D: Device> Allocator<D> {
     /// one serves the next extension).
     #[inline]
     pub(super) fn extensible_end(&self, b: &Block) -> bool {
-        b.next == NIL && !self.paging.segs.is_empty() && self.paging.segs.get(&b.segment).is_some_and(|ps| ps.room > 0)
+        b.next == NIL
+            && !self.paging.segs.is_empty()
+            && self.paging.segs.get(&b.segment).is_some_and(|ps| ps.room > 0)
+            && !self.planning.as_ref().is_some_and(|p| p.plans_in_use())
     }
 
     /// The free page runs that give `need` pages, greatest first, leaving
@@ -566,7 +569,7 @@ impl<D: Device> Allocator<D> {
         stitch: bool,
     ) -> Result<Option<u32>, AllocError> {
         let page = self.device.granularity();
-        if page == 0 || self.paging.segs.is_empty() {
+        if page == 0 || self.paging.segs.is_empty() || self.planning.as_ref().is_some_and(|p| p.plans_in_use()) {
             return Ok(None);
         }
         let Some((blk, need)) = self.extensible_tail(pool, stream, rounded, extra, whole, page) else {

@@ -577,6 +577,11 @@ impl std::fmt::Debug for Planning {
 }
 
 impl Planning {
+    /// Whether plans serve the run now or an arena is held.
+    pub(super) fn plans_in_use(&self) -> bool {
+        self.active.is_some() || !self.arenas.is_empty()
+    }
+
     pub(crate) fn new(planner: Box<dyn PlannerPolicy>) -> Self {
         let detector = planner.steps_by_period().then(Box::default);
         Planning {
