@@ -556,7 +556,8 @@ impl<D: Device> Allocator<D> {
     /// takes no more pages than the `whole` of a new segment: free
     /// whole pages of other blocks first when `stitch` (a stitch's pages),
     /// then fresh ones. Returns the grown block (taken out of the free
-    /// index), or `None` when no segment can grow so, or (with `stitch`)
+    /// index), or `None` when no segment can grow so, while plans are in
+    /// use (`Planning::plans_in_use`), or (with `stitch`)
     /// when no free page would be used. A device error creating the fresh
     /// pages (out of memory) changes nothing.
     pub(super) fn extend_tail(

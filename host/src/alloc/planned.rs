@@ -577,7 +577,11 @@ impl std::fmt::Debug for Planning {
 }
 
 impl Planning {
-    /// Whether plans serve the run now or an arena is held.
+    /// Whether plans serve the run now or an arena is held. The dynamic
+    /// path then grows by new segments, not by extending a paged one in
+    /// place: its rules for borrowing the arena and for installing one weigh
+    /// growths by segments (extending serves the learning steps, where a
+    /// cold run's peak lies).
     pub(super) fn plans_in_use(&self) -> bool {
         self.active.is_some() || !self.arenas.is_empty()
     }
