@@ -403,22 +403,23 @@ fn a_segment_ending_in_a_free_block_grows_in_place_with_the_pages_of_holes() {
 }
 
 /// `defrag` keeps large activations that are not whole pages (ViT's
-/// 197-token ones) one after another in one growing segment: the live ones
-/// share their partly used pages, and the reserved bytes stay within a page
-/// of the live ones (each in its own segment, every one would waste its
-/// last page's free part: 30 × 724 KiB here).
+/// 197-token ones) one after another in growing segments: each extension
+/// starts in the free end of the last one's last page, so the reserved
+/// bytes stay within a page of the live ones (each in its own segment,
+/// every one would waste its last page's free part: 30 × 1.5 MiB here).
 #[test]
-fn defrag_keeps_activations_that_are_not_whole_pages_in_one_growing_segment() {
+fn defrag_keeps_activations_that_are_not_whole_pages_in_growing_segments() {
     let dev = SimDevice::new(SimConfig { capacity: 4096 * MIB, ..SimConfig::default() });
     let mut a = Allocator::with_builtin(dev, "defrag").unwrap();
-    let bytes = 11 * MIB + 300 * 1024;
+    let bytes = 12 * MIB + 512 * 1024;
     let ids: Vec<_> = (0..30).map(|_| a.alloc(bytes, TensorKind::Activation, StreamId(0)).unwrap()).collect();
     let g = a.gauges();
     assert_eq!(g.live_bytes, 30 * bytes);
     assert!(g.reserved_bytes < g.live_bytes + 2 * MIB, "reserved {} for live {}", g.reserved_bytes, g.live_bytes);
-    assert_eq!(g.segments, 1);
-    for w in ids.windows(2) {
-        assert_eq!(a.address(w[1]).unwrap(), a.address(w[0]).unwrap() + bytes);
-    }
+    // A segment grows while that saves a page: three extensions (free ends
+    // of 1.5, 1 and 0.5 MiB), then a new one.
+    assert!(g.segments <= 8, "{} segments", g.segments);
+    let in_place = ids.windows(2).filter(|w| a.address(w[1]).unwrap() == a.address(w[0]).unwrap() + bytes).count();
+    assert!(in_place >= 22, "{in_place} of 29 in place");
     a.check_invariants().unwrap();
 }
