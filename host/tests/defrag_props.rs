@@ -14,7 +14,7 @@ use wasmem::decision::Policies;
 use wasmem::decision::{PolicyContext, PolicyError, ReclaimDecision, ReclaimTrigger, ReclamationPolicy};
 use wasmem::device::sim::{SimConfig, SimCost, SimDevice};
 use wasmem::device::Device;
-use wasmem::types::{Phase, StreamId, TensorKind, MIB};
+use wasmem::types::{Phase, StreamId, TensorId, TensorKind, MIB};
 
 mod common;
 
@@ -259,6 +259,18 @@ fn compaction_releases_a_segment_and_keeps_contents() {
     assert!(matches!(a.compact("nope", 1), Err(AllocError::UnknownPool(_))));
 }
 
+/// Five live 4 MiB tensors in one paged 20 MiB segment (10 pages), at its
+/// pages 0, 2, 4, 6 and 8: a 20 MiB tensor's block, freed, serves them (a
+/// growth maps only the request's own pages, so five growths would make five
+/// segments).
+fn five_in_one_segment(a: &mut Allocator<SimDevice>) -> Vec<TensorId> {
+    let whole = a.alloc(20 * MIB, TensorKind::Activation, StreamId(0)).unwrap();
+    a.free(whole).unwrap();
+    let ids: Vec<_> = (0..5).map(|_| a.alloc(4 * MIB, TensorKind::Activation, StreamId(0)).unwrap()).collect();
+    assert_eq!((a.gauges().reserved_bytes, a.gauges().segments), (20 * MIB, 1));
+    ids
+}
+
 /// A compaction request naming a missing pool or too large a budget is refused,
 /// counted as a fallback, and moves nothing.
 #[test]
@@ -295,8 +307,10 @@ fn invalid_compaction_requests_are_refused() {
 #[test]
 fn stitching_reuses_the_pages_of_holes() {
     let mut a = allocator_with(true);
-    // Five 4 MiB tensors share one paged 20 MiB segment (10 pages).
-    let ids: Vec<_> = (0..5).map(|_| a.alloc(4 * MIB, TensorKind::Activation, StreamId(0)).unwrap()).collect();
+    // Five 4 MiB tensors share one paged 20 MiB segment (10 pages): the
+    // cached block of a 20 MiB tensor serves them (a growth maps only the
+    // request's own pages).
+    let ids = five_in_one_segment(&mut a);
     let addrs: Vec<_> = ids.iter().map(|&id| a.address(id).unwrap()).collect();
     for (i, &id) in ids.iter().enumerate() {
         a.write(id, 0, &pattern(i as u64, 0, 4096)).unwrap();
@@ -304,13 +318,14 @@ fn stitching_reuses_the_pages_of_holes() {
     assert_eq!((a.gauges().reserved_bytes, a.gauges().segments), (20 * MIB, 1));
     a.free(ids[1]).unwrap();
     a.free(ids[3]).unwrap();
-    // 8 MiB fits no 4 MiB hole: the growth (a 20 MiB segment) takes the holes'
-    // four pages and six fresh ones.
+    // 8 MiB fits no 4 MiB hole: the growth (the policy's segment is 20 MiB;
+    // its 4 pages are mapped now) takes the holes' four pages, no fresh one.
+    let calls = a.stats().device_alloc_calls;
     let big = a.alloc(8 * MIB, TensorKind::Activation, StreamId(0)).unwrap();
     a.write(big, 8 * MIB - 4096, &pattern(99, 0, 4096)).unwrap();
     let s = a.stats();
-    assert_eq!((s.stitches, s.stitched_bytes), (1, 8 * MIB));
-    assert_eq!(a.gauges().reserved_bytes, 32 * MIB, "20 MiB + 6 fresh pages, not 40 MiB");
+    assert_eq!((s.stitches, s.stitched_bytes, s.device_alloc_calls), (1, 8 * MIB, calls));
+    assert_eq!(a.gauges().reserved_bytes, 20 * MIB, "the holes' pages, not 8 MiB more");
     assert_eq!(a.gauges().segments, 4, "the first segment is cut in three around the holes");
     for i in [0usize, 2, 4] {
         assert_eq!(a.address(ids[i]).unwrap(), addrs[i], "a live tensor moved");
@@ -365,7 +380,7 @@ fn builtin_defrag_stitches_without_syncs() {
 fn a_segment_ending_in_a_free_block_grows_in_place_with_the_pages_of_holes() {
     let mut a = allocator_with(true);
     // Five 4 MiB tensors share one paged 20 MiB segment.
-    let ids: Vec<_> = (0..5).map(|_| a.alloc(4 * MIB, TensorKind::Activation, StreamId(0)).unwrap()).collect();
+    let ids = five_in_one_segment(&mut a);
     a.free(ids[1]).unwrap();
     // 11 MiB takes the hole's two pages and four fresh ones (a 12 MiB
     // segment); the 1 MiB left at its end is split off (PyTorch's placement

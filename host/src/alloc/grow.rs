@@ -6,8 +6,9 @@
 //!                           policy releases cache, and may ask to …
 //!  2. stitch                … build the new segment from free pages of paged segments (or
 //!                           extend a segment whose last block is free with them)
-//!  3. new segment           from the device (paged while the reclamation policy asks for pages;
-//!                           a paged segment whose last block is free is extended instead)
+//!  3. new segment           from the device (paged while the reclamation policy asks for pages:
+//!                           the request's pages only; a paged segment whose last block is free
+//!                           is extended instead)
 //!  ── the device is full ──
 //!  4. drain deferred frees  wait for the streams, so that every pending free completes
 //!  5. reclaim (AllocFailed) unless releasing everything cached could not make room; may stitch
@@ -103,14 +104,15 @@ impl<D: Device> Allocator<D> {
         self.release_arena_for_dynamic_step()?;
         let page = self.paged_page(g.segment);
         let segment = if page > 0 { round_up(g.segment, page).unwrap_or(g.segment) } else { g.segment };
+        let mut mapped = segment;
         if page > 0 {
-            if let Some(block) =
-                self.extend_tail(g.pool, req.stream, g.rounded, extra_of(g, page), segment / page, false)?
-            {
+            let (extra, first) = self.mapped_now(g, segment, page);
+            if let Some(block) = self.extend_tail(g.pool, req.stream, g.rounded, extra, segment / page, false)? {
                 return Ok(block);
             }
+            mapped = first;
         }
-        match self.new_segment(g.pool, segment, page, &req) {
+        match self.new_segment(g.pool, mapped, page, &req) {
             Err(AllocError::Device(DeviceError::OutOfMemory { .. })) => {}
             served => return served,
         }
@@ -161,14 +163,34 @@ impl<D: Device> Allocator<D> {
     /// from them.
     fn stitch_or_extend(&mut self, g: &Growth, segment: u64) -> Result<Option<u32>, AllocError> {
         let page = self.paged_page(segment);
+        let mut mapped = segment;
         if page > 0 {
+            let (extra, first) = self.mapped_now(g, segment, page);
             if let Some(block) =
-                self.extend_tail(g.pool, g.req.stream, g.rounded, extra_of(g, page), segment.div_ceil(page), true)?
+                self.extend_tail(g.pool, g.req.stream, g.rounded, extra, segment.div_ceil(page), true)?
             {
                 return Ok(Some(block));
             }
+            mapped = first;
         }
-        Ok(self.stitch(g.pool, g.req.stream, segment)?.map(|(block, _)| block))
+        Ok(self.stitch(g.pool, g.req.stream, mapped)?.map(|(block, _)| block))
+    }
+
+    /// How much of the policy's paged segment of `segment` bytes (a
+    /// multiple of `page`) a growth for `g` maps now: the bytes an extension
+    /// adds beyond the request's pages, and the size of a new segment. While
+    /// paged segments can grow in place (no plan in use: see
+    /// `Planning::plans_in_use`), only the request's own pages — the rest of
+    /// the policy's segment (a growth chunk shared by later requests) comes
+    /// page by page, as those requests extend the segment, and pages no
+    /// request reaches are never mapped (PyTorch's expandable segments). A
+    /// chunk mapped at once stayed partly unused at the peak of small
+    /// trainings (a 20 MiB chunk for 13 MiB of gradients). Otherwise all of it.
+    fn mapped_now(&self, g: &Growth, segment: u64, page: u64) -> (u64, u64) {
+        if self.planning.as_ref().is_some_and(|p| p.plans_in_use()) {
+            return (extra_of(g, page), segment);
+        }
+        (0, round_up(g.rounded, page).unwrap_or(segment).min(segment))
     }
 
     /// Waits for every stream when frees are pending, and completes them.

@@ -19,7 +19,9 @@
 //!   free grows in place — pages (free whole pages of other blocks, as a
 //!   stitch takes them, then fresh ones) are mapped right after its end, so
 //!   that the free bytes of its last, partly used page serve the request
-//!   instead of being lost beside a new segment.
+//!   instead of being lost beside a new segment. A growth then maps only the
+//!   request's pages, not the policy's whole segment: the rest of it (a
+//!   growth chunk) is mapped as later requests extend the segment.
 //!
 //! Taking pages out of the middle of a segment *cuts* it: the part before the
 //! pages and the part after them become two segments (same reservation, same

@@ -71,8 +71,9 @@ impl Default for LifecyclePlacement {
 
 impl LifecyclePlacement {
     /// The placement of `defrag` and `planned`: growth chunks scaled to the
-    /// footprint (their paged pools trade pages, not chunks, so a chunk is
-    /// only the unit of growth).
+    /// footprint (their paged pools trade pages, not chunks, and map a
+    /// chunk's pages only as requests reach them: a chunk bounds what a
+    /// request extends a paged segment by).
     pub fn scaled() -> Self {
         LifecyclePlacement { scaled_chunks: true, ..Self::default() }
     }
