@@ -145,6 +145,10 @@ struct StoredPlan {
     refinable: bool,
     /// Calls to [`PlannerPolicy::refine`] for it in this run (at most [`MAX_REFINES`]).
     refines: u32,
+    /// Made from a run's first step, whose end-live requests' lifetimes
+    /// were guessed ([`guessed_first`]): the peak live bytes of its planned
+    /// requests (the least any placement of them needs); 0: not such a plan.
+    guessed_need: u64,
 }
 
 impl StoredPlan {
@@ -193,6 +197,7 @@ impl StoredPlan {
             zone: 0,
             refinable: true,
             refines: 0,
+            guessed_need: 0,
         }
     }
 
@@ -530,6 +535,9 @@ pub(crate) struct Planning {
     forwards: Vec<u64>,
     /// A forward pass of this step is running (the last phase mark).
     in_forward: bool,
+    /// The request of the run's first step before which its first forward
+    /// pass began (what came before it sets the model up).
+    first_forward: Option<u32>,
     /// The shapes of the forward passes of the first step seen with each
     /// number of them (two or more; at most [`SHAPE_KINDS`] numbers kept).
     shapes: Vec<Vec<u64>>,
@@ -636,6 +644,7 @@ impl Planning {
             last_left: None,
             suspended: false,
             forwards: Vec::new(),
+            first_forward: None,
             in_forward: false,
             shapes: Vec::new(),
             single: Vec::new(),
@@ -1434,6 +1443,9 @@ impl<D: Device> Allocator<D> {
             p.in_forward = phase == crate::types::Phase::Forward;
             if p.in_forward {
                 p.forwards.push(0);
+                if p.steps == 0 && p.first_forward.is_none() {
+                    p.first_forward = Some(p.current.len() as u32);
+                }
             }
         }
     }
@@ -1519,8 +1531,22 @@ impl<D: Device> Allocator<D> {
         let most = |i: usize| if p.plans[i].settled { 10 } else { 100 };
         let unknown = |i: usize| p.plans[i].keys.len() - p.plans[i].known;
         let few = |i: usize| misses <= 2 && !p.plans[i].first_only;
-        let good =
-            served_plan.is_some_and(|i| unknown(i) <= n - known && (few(i) || misses * most(i) <= (hits + misses)));
+        // (A plan of guessed lifetimes is planned again once they are known.)
+        let guessed = served_plan.is_some_and(|i| p.plans[i].guessed_need > 0);
+        let good = !guessed
+            && served_plan.is_some_and(|i| unknown(i) <= n - known && (few(i) || misses * most(i) <= (hits + misses)));
+        // The first step of a run that marks its steps, its end-live requests'
+        // lifetimes not known: planned at once, with them guessed
+        // ([`guessed_first`]), so that the second step is served too (its
+        // dynamic peak would be the run's: the first step holds no optimizer
+        // states yet).
+        let guess = first_step
+            && served_plan.is_none()
+            && p.marked
+            && p.period == 1
+            && !p.suspended
+            && known > 0
+            && !(known == n || repeated || few_unknown);
         // (Not when no plan serves the steps to come: they need that cache.)
         let trim = std::mem::take(&mut p.trim_pending)
             && served_plan.is_some()
@@ -1542,6 +1568,19 @@ impl<D: Device> Allocator<D> {
             .plans
             .iter()
             .any(|q| q.keys.first() == first.as_ref() && q.known >= known && q.physical() >= p.refused_arena);
+        if let Some(i) = served_plan.filter(|_| guessed && p.left_peaks.is_some()) {
+            // The step left a plan of guessed lifetimes: the guess was wrong,
+            // not the steps unsteady. The plan goes (its arena once free).
+            tracing::debug!(step, "the step left its plan of the first step's guessed lifetimes; it goes");
+            p.left_peaks = None;
+            p.plans.remove(i);
+            p.active = None;
+            p.superseded = None;
+        } else if !first_step && !guessed && p.plans.iter().any(|q| q.guessed_need > 0) {
+            // The second step was not the first one's: that plan goes.
+            p.plans.retain(|q| q.guessed_need == 0);
+            p.active = None;
+        }
         self.suspend_if_unsteady();
         if first_step {
             self.end_first_step(&profile, served_plan.filter(|_| good))?;
@@ -1550,6 +1589,7 @@ impl<D: Device> Allocator<D> {
             self.release_left_arena()?;
         }
         self.release_planless_arena()?;
+        let guessed_profile = guess.then(|| self.guessed_first(&profile));
         let peak_live = self.stats.bytes.peak_live_bytes;
         let p = self.planning.as_mut().expect("planning is on");
         if p.suspended {
@@ -1570,8 +1610,25 @@ impl<D: Device> Allocator<D> {
             if let Some(c) = p.cache.as_mut() {
                 c.dirty = true;
             }
+        } else if let Some(guessed) = guessed_profile.filter(|g| !g.requests.is_empty()) {
+            let made = self.stats.plans;
+            self.make_plan(&guessed)?;
+            if self.stats.plans > made {
+                let p = self.planning.as_mut().expect("planning is on");
+                let q = p.plans.last_mut().expect("just stored");
+                let need = cycle_live(&guessed.requests, &q.offsets).into_iter().max().unwrap_or(0);
+                q.guessed_need = need.max(1);
+            }
         } else if worth && !good && !futile && !restored {
             self.make_plan(&profile)?;
+            // A plan of guessed lifetimes goes once one of known lifetimes
+            // is made (it would be chosen by its own first request, which
+            // may start other steps).
+            let p = self.planning.as_mut().expect("planning is on");
+            if guessed && p.plans.iter().any(|q| q.guessed_need > 0) {
+                p.plans.retain(|q| q.guessed_need == 0);
+                p.active = None;
+            }
         } else if let Some(i) = served_plan.filter(|_| good && misses == 0 && !first_step) {
             self.refine_cached_plan(i);
         }
@@ -1586,6 +1643,54 @@ impl<D: Device> Allocator<D> {
             self.release_cached(&ReclaimDecision { trim: true, ..ReclaimDecision::all() })?;
         }
         self.release_free_retired()
+    }
+
+    /// The first step's profile with the lifetimes of its end-live
+    /// requests guessed from what their tensors hold now: parameters and
+    /// optimizer states (tagged so) stay live for the run and leave the
+    /// profile (they stay on the dynamic path, where they lie), as do the
+    /// requests before its first forward pass (phase marks: the model's
+    /// setup, the first batch; the next step's first request of its plan
+    /// is then found among its first few); any other
+    /// (gradients, a loss, outputs kept for logging: freed in the next
+    /// step, most often at its start) is planned as live until the step's
+    /// end. The second step, which the first most often repeats without
+    /// the states the optimizer made, is then served by a plan too; its
+    /// end-known lifetimes are planned again at its end.
+    fn guessed_first(&self, profile: &StepProfile) -> StepProfile {
+        let n = profile.requests.len();
+        let mut keep = vec![true; n];
+        if let Some(p) = self.planning.as_ref() {
+            let setup = p.first_forward.map_or(0, |f| (f as usize).min(n));
+            keep[..setup].fill(false);
+            for (id, k) in p.carried.entries() {
+                let stays =
+                    self.tensors.get(id).is_none_or(|t| matches!(t.kind, TensorKind::Param | TensorKind::Optim));
+                if let Some(slot) = keep.get_mut(k as usize).filter(|_| stays) {
+                    *slot = false;
+                }
+            }
+        }
+        // Each time of the profile, in the guessed profile's time.
+        let mut at = Vec::with_capacity(n + 1);
+        let mut kept = 0u32;
+        for &k in &keep {
+            at.push(kept);
+            kept += u32::from(k);
+        }
+        at.push(kept);
+        let requests = profile
+            .requests
+            .iter()
+            .zip(&keep)
+            .filter(|(_, &k)| k)
+            .map(|(r, _)| PlanRequest {
+                freed_at: Some(r.freed_at.map_or(kept, |f| at[(f as usize).min(n)])),
+                wraps_to: None,
+                ..*r
+            })
+            .collect();
+        StepProfile { step: profile.step, requests }
     }
 
     /// At a step end: when the step left its plan (steps that start alike
@@ -1960,7 +2065,9 @@ impl<D: Device> Allocator<D> {
                 && q.keys.iter().copied().eq(profile.requests.iter().map(key))
         };
         if let Some(q) = p.plans.iter_mut().find(|q| same(q)) {
+            // (A plan of guessed lifetimes that the step confirmed.)
             q.settled = true;
+            q.guessed_need = 0;
             return Ok(());
         }
         // The profile is copied only for a plan cache (its buffer serves the next step).
@@ -2068,6 +2175,35 @@ impl<D: Device> Allocator<D> {
         Ok(n)
     }
 
+    /// The peak an arena of plan `i` is held to (`high_water`: the run's so
+    /// far). A plan of the first step's guessed lifetimes is installed in
+    /// the second step, whose dynamic peak is not known yet and most often
+    /// above the first's (the optimizer's states were made at the first
+    /// step's end): the dynamic path would need at least the bytes live
+    /// now that stay (those carried from the first step as freed in this
+    /// one are not counted) plus the plan's own peak live bytes, at the
+    /// overhead it had so far — so much the arena and what stays dynamic
+    /// may reserve. Any other plan: `high_water`.
+    fn guessed_high_water(&self, i: usize, high_water: u64) -> u64 {
+        let Some(p) = self.planning.as_ref() else { return high_water };
+        let need = p.plans[i].guessed_need;
+        let b = &self.stats.bytes;
+        if need == 0 || b.peak_live_bytes == 0 {
+            return high_water;
+        }
+        let leaving: u64 = p
+            .carried
+            .entries()
+            .filter_map(|(id, _)| self.tensors.get(id))
+            .filter(|t| !matches!(t.kind, TensorKind::Param | TensorKind::Optim))
+            .map(|t| t.bytes)
+            .sum();
+        let least = b.live_bytes.saturating_sub(leaving).saturating_add(need);
+        let expected = u128::from(least) * u128::from(high_water) / u128::from(b.peak_live_bytes);
+        tracing::debug!(least, expected = expected as u64, high_water, "a plan of guessed lifetimes is held to");
+        high_water.max(u64::try_from(expected).unwrap_or(u64::MAX))
+    }
+
     /// Installs an arena for the active plan (at its install point): the old
     /// arena goes when it is free, the dynamic cache is given back, the new
     /// arena is allocated, and the live tensors the plan expects are moved
@@ -2120,7 +2256,7 @@ impl<D: Device> Allocator<D> {
         let cached = unpaged_free + self.free_page_bytes();
         let estimate = self.stats.bytes.reserved_bytes.saturating_sub(cached).saturating_add(holds + kept);
         let page = if self.policies.reclamation_wants_pages() { self.device.granularity() } else { 0 };
-        let high_water = high_water.saturating_add(page);
+        let high_water = self.guessed_high_water(i, high_water).saturating_add(page);
         if estimate > high_water {
             return Ok(self.refuse_arena(holds + kept, estimate, high_water));
         }
@@ -2317,7 +2453,17 @@ impl<D: Device> Allocator<D> {
     /// Refuses to install an arena of `want` bytes that would make `reserved`
     /// bytes, above the `peak` so far: counted, logged, and plans needing
     /// that much are not installed again. Returns `false` (not installed).
+    /// A plan of guessed lifetimes is dropped instead, not counted: its
+    /// step learns as it would have.
     fn refuse_arena(&mut self, want: u64, reserved: u64, peak: u64) -> bool {
+        let p = self.planning.as_mut().expect("planning is on");
+        let i = p.active.take().expect("a plan is being installed");
+        p.matched.clear();
+        if p.plans[i].guessed_need > 0 {
+            tracing::debug!(bytes = want, reserved, peak, "a plan of guessed lifetimes would raise the peak; dropped");
+            p.plans.remove(i);
+            return false;
+        }
         self.stats.plan_refused += 1;
         tracing::warn!(
             bytes = want,
@@ -2326,7 +2472,6 @@ impl<D: Device> Allocator<D> {
             "the arena would raise the peak reserved memory; its steps stay dynamic"
         );
         let p = self.planning.as_mut().expect("planning is on");
-        let i = p.active.take().expect("a plan is being installed");
         p.matched.clear();
         match p.superseded.take().filter(|old| old.keys.first() == p.plans[i].keys.first()) {
             Some(old) => {
