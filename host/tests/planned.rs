@@ -2159,3 +2159,55 @@ fn a_request_that_comes_late_takes_its_own_entry_not_a_later_one_of_its_key() {
     );
     r.finish();
 }
+
+#[test]
+fn the_second_step_is_served_by_a_plan_of_the_first_step_s_guessed_lifetimes() {
+    // The first step also holds the parameters (before it) and makes the
+    // optimizer's states (at its end); its gradients are freed in the next
+    // step. Planned at its end with those lifetimes guessed, it serves the
+    // second step (before, the second step was dynamic, and the run's
+    // peak); every tensor's contents stay intact (checked at each free).
+    let template = training_step(6, 3 * MIB);
+    let first = first_step(&template);
+    let mut steps = vec![first];
+    steps.extend(std::iter::repeat_n(template.clone(), 5));
+    let (planned, per) = run_steps(&steps, "planned", None, &[]);
+    let (defrag, _) = run_steps(&steps, "defrag", None, &[]);
+    let hits: Vec<(u64, u64)> = per.iter().map(|s| (s.plan_hits, s.plan_misses)).collect();
+    assert_eq!(per[1].plan_hits, template.len() as u64, "{hits:?}");
+    assert!(per[2..].iter().all(|s| s.plan_hits > 0 && s.device_alloc_calls == 0), "{per:?}");
+    assert_eq!(planned.plan_refused, 0, "{planned:?}");
+    assert!(
+        planned.bytes.peak_reserved_bytes <= defrag.bytes.peak_reserved_bytes,
+        "planned {} above defrag {}",
+        planned.bytes.peak_reserved_bytes,
+        defrag.bytes.peak_reserved_bytes
+    );
+}
+
+#[test]
+fn a_second_step_unlike_the_first_drops_the_guessed_plan_and_planning_goes_on() {
+    // The second step starts as the first did and differs after its first
+    // requests (every later request is larger): it leaves the plan of the
+    // first step's guessed lifetimes. The guess was wrong, the steps are not
+    // unsteady: that plan goes, planning stays on, and the steps like the
+    // second are planned and served from the fourth on.
+    let template = training_step(6, 3 * MIB);
+    let first = first_step(&template);
+    let devs: Vec<Dev> = (2..template.len()).map(|at| Dev::Resize { at, delta: MIB }).collect();
+    let other = ops(&template, &devs);
+    let mut steps = vec![first];
+    steps.extend(std::iter::repeat_n(other, 6));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plans.json");
+    let (planned, per) = run_steps(&steps, "planned", Some(&path), &[]);
+    let (defrag, _) = run_steps(&steps, "defrag", None, &[]);
+    assert!(per[3..].iter().all(|s| s.plan_hits > 0 && s.plan_misses == 0), "{per:?}");
+    assert!(!std::fs::read_to_string(&path).unwrap().contains("unsteady"));
+    assert!(
+        planned.bytes.peak_reserved_bytes <= defrag.bytes.peak_reserved_bytes,
+        "planned {} above defrag {}: {per:?}",
+        planned.bytes.peak_reserved_bytes,
+        defrag.bytes.peak_reserved_bytes
+    );
+}

@@ -1233,7 +1233,9 @@ impl<D: Device> Allocator<D> {
             // not hold then goes to its free space before the dynamic path
             // grows (`lend_idle_arena`), not beside it.
             let plan = &p.plans[i];
-            let most = 8 + plan.keys.len() as u64 / 100;
+            // (A plan of guessed lifetimes: at the first deviation in a
+            // row of two, the guess was wrong.)
+            let most = if plan.guessed_need > 0 { 1 } else { 8 + plan.keys.len() as u64 / 100 };
             if plan.first_only && p.step_deviations > most {
                 p.leave_first();
                 p.left_first = true;
