@@ -2211,3 +2211,58 @@ fn a_second_step_unlike_the_first_drops_the_guessed_plan_and_planning_goes_on() 
         defrag.bytes.peak_reserved_bytes
     );
 }
+
+#[test]
+fn a_training_step_after_an_evaluation_forward_is_served_from_its_forward_pass() {
+    // Every third step first evaluates (a forward pass of its own, freed
+    // before the training one), then trains as the other steps do: an
+    // input before the forward pass, then the step. The first such step
+    // has no plan of its own: the training steps' plan is chosen at its
+    // training forward pass (the input before it skipped), so that it is
+    // not dynamic beside the arena, and it is planned at its end. Cold, it
+    // reserves no more than `defrag`; planning stays on; contents intact.
+    // (The gradients are freed by the step's end: the first step's guessed
+    // plan is the steady one.)
+    let mut train = vec![Req { bytes: 4 * MIB + 8 * KIB, kind: TensorKind::Activation, free_at: 0 }];
+    train.extend(training_step(6, 3 * MIB).into_iter().map(|r| Req { free_at: r.free_at + 1, ..r }));
+    let n = train.len();
+    for r in train.iter_mut() {
+        r.free_at = r.free_at.min(n);
+    }
+    train[0].free_at = n;
+    // (Longer than a step's first requests that may start its plan.)
+    let mut eval: Vec<Req> =
+        (0..40u64).map(|l| Req { bytes: 5 * MIB + l * 12 * KIB, kind: TensorKind::Temp, free_at: 0 }).collect();
+    let e = eval.len();
+    for (k, r) in eval.iter_mut().enumerate() {
+        r.free_at = (k + 2).min(e);
+    }
+    let mut evaluating = eval.clone();
+    evaluating.extend(train.iter().map(|r| Req { free_at: r.free_at + e, ..*r }));
+    let mut steps: Vec<(Vec<Req>, Vec<usize>)> = vec![(first_step(&train), vec![7])];
+    for k in 1..10 {
+        if k % 3 == 0 {
+            steps.push((evaluating.clone(), vec![0, e + 1]));
+        } else {
+            steps.push((train.clone(), vec![1]));
+        }
+    }
+    let run = |policy: &str, cache: Option<&std::path::Path>| {
+        run_marked(steps.iter().map(|(s, m)| (s.as_slice(), m.as_slice())), policy, cache)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plans.json");
+    let (cold, per) = run("planned", Some(&path));
+    let (defrag, _) = run("defrag", None);
+    let hits: Vec<(u64, u64)> = per.iter().map(|s| (s.plan_hits, s.plan_misses)).collect();
+    assert!(per[3].plan_hits >= n as u64 - 1, "{hits:?}");
+    assert!(per[6].plan_hits == (n + e) as u64, "{hits:?}");
+    assert_eq!(cold.plan_refused, 0, "{cold:?}");
+    assert!(!std::fs::read_to_string(&path).unwrap().contains("unsteady"));
+    assert!(
+        cold.bytes.peak_reserved_bytes <= defrag.bytes.peak_reserved_bytes,
+        "planned {} above defrag {}: {hits:?}",
+        cold.bytes.peak_reserved_bytes,
+        defrag.bytes.peak_reserved_bytes
+    );
+}

@@ -440,6 +440,19 @@ pub(crate) struct Planning {
     /// first [`LOOKAHEAD`] requests may start a plan (what comes before
     /// is extra).
     choosing: bool,
+    /// The step's requests before which a plan may still be chosen (its
+    /// first [`LOOKAHEAD`], or as many after a later forward pass began).
+    choose_until: usize,
+    /// A later forward pass of the step began while no plan served it (an
+    /// evaluation forward came before a training step's): a plan whose
+    /// first [`LOOKAHEAD`] requests hold the next one may start there.
+    late_forward: bool,
+    /// The active plan was chosen after requests of the step it lacks (an
+    /// evaluation before the training step it plans): those were another
+    /// step's, so the step is planned again at its end; leaving the plan,
+    /// or having its arena refused (what came before may hold memory), is
+    /// no sign of unsteady steps and sets no floor on arenas.
+    chosen_late: bool,
     /// The active plan needs a larger arena: it is matched, not served,
     /// until its install point.
     installing: bool,
@@ -611,6 +624,9 @@ impl Planning {
             cursor: 0,
             skipped: Vec::new(),
             choosing: false,
+            choose_until: 0,
+            late_forward: false,
+            chosen_late: false,
             installing: false,
             matched: Vec::new(),
             last_match: None,
@@ -680,12 +696,16 @@ impl Planning {
     fn next_offset(&mut self, req: &AllocRequest) -> Option<(usize, Option<u64>)> {
         if self.current.is_empty() && !self.overflowed {
             self.choosing = true;
+            self.choose_until = LOOKAHEAD;
+            self.late_forward = false;
+            self.chosen_late = false;
         }
         if self.choosing {
-            self.choosing = self.current.len() < LOOKAHEAD;
+            self.choosing = self.current.len() < self.choose_until;
             self.choose(req);
             if self.active.is_some() {
                 self.choosing = false;
+                self.chosen_late = !self.current.is_empty();
                 // What came before it is extra: misses (for replanning).
                 self.step_misses += self.current.len() as u64;
             }
@@ -730,14 +750,20 @@ impl Planning {
         let k = (first.bytes, first.kind, first.stream);
         let refused = self.refused_arena;
         let first_step = self.steps == 0;
-        self.active = self
+        // (At a later forward pass: a plan whose step starts with a few
+        // requests before its forward pass, an input, which came before the
+        // mark; they are skipped.)
+        let ahead = if self.late_forward { LOOKAHEAD } else { 1 };
+        let at = |p: &StoredPlan| p.keys.iter().take(ahead).position(|q| *q == k);
+        let chosen = self
             .plans
             .iter()
             .enumerate()
-            .filter(|(_, p)| p.keys.first() == Some(&k) && p.physical() < refused && (first_step || !p.first_only))
-            .max_by_key(|(_, p)| (p.first_only, p.last_used))
-            .map(|(i, _)| i);
-        self.cursor = 0;
+            .filter(|(_, p)| p.physical() < refused && (first_step || !p.first_only))
+            .filter_map(|(i, p)| at(p).map(|j| (i, j, p)))
+            .max_by_key(|&(_, j, p)| (p.first_only, std::cmp::Reverse(j), p.last_used));
+        self.active = chosen.map(|(i, ..)| i);
+        self.cursor = chosen.map_or(0, |(_, j, _)| j);
         self.skipped.clear();
         self.matched.clear();
         if let Some(i) = self.active {
@@ -1244,7 +1270,9 @@ impl<D: Device> Allocator<D> {
                 tracing::debug!(misses = p.step_deviations, "the step is not its plan's; left for the rest of it");
                 p.active = None;
                 p.matched.clear();
-                p.left_peaks.get_or_insert(p.run_peaks);
+                if !p.chosen_late {
+                    p.left_peaks.get_or_insert(p.run_peaks);
+                }
             }
         }
         Ok(served)
@@ -1444,6 +1472,16 @@ impl<D: Device> Allocator<D> {
             }
             p.in_forward = phase == crate::types::Phase::Forward;
             if p.in_forward {
+                // A later forward pass of a step no plan serves (none was
+                // chosen at its start, none left; not its first forward
+                // pass, which a step of a new shape starts with): a plan
+                // may start here.
+                let late = p.steps > 0 && p.period == 1 && !p.forwards.is_empty() && !p.overflowed;
+                if late && p.active.is_none() && !p.suspended && p.left_peaks.is_none() {
+                    p.choosing = true;
+                    p.choose_until = p.current.len() + LOOKAHEAD;
+                    p.late_forward = true;
+                }
                 p.forwards.push(0);
                 if p.steps == 0 && p.first_forward.is_none() {
                     p.first_forward = Some(p.current.len() as u32);
@@ -2461,6 +2499,12 @@ impl<D: Device> Allocator<D> {
         let p = self.planning.as_mut().expect("planning is on");
         let i = p.active.take().expect("a plan is being installed");
         p.matched.clear();
+        if p.chosen_late {
+            // (What the step's start left live may not fit beside it; the
+            // steps it starts install it.)
+            tracing::debug!(bytes = want, reserved, peak, "a plan chosen later in the step: its arena waits");
+            return false;
+        }
         if p.plans[i].guessed_need > 0 {
             tracing::debug!(bytes = want, reserved, peak, "a plan of guessed lifetimes would raise the peak; dropped");
             p.plans.remove(i);
@@ -2571,10 +2615,13 @@ impl<D: Device> Allocator<D> {
 
     /// When the dynamic path would grow by `grow` bytes (after the first
     /// step): a block for `req` in the free space of the current arena (best
-    /// fit, at a free block's start or end), when the arena holds some
-    /// tensor or a plan serves the step, and
-    /// - in a step no plan serves, always (an arena that holds none goes
-    ///   instead: [`Allocator::release_arena_for_dynamic_step`]);
+    /// fit, at a free block's start or end):
+    /// - in a step no plan serves, always, an arena that holds nothing too
+    ///   (the memory is reserved already; a step of another length, or an
+    ///   evaluation before a training step whose plan is chosen at its
+    ///   training forward pass, runs in it without device calls); only a
+    ///   request it cannot hold has it go, once it holds nothing
+    ///   ([`Allocator::release_arena_for_dynamic_step`]);
     /// - in a step a plan serves (a deviation, or a planned range still
     ///   taken), when growing would raise the peak even after the dynamic
     ///   path's free memory is released: memory already reserved is used
@@ -2592,9 +2639,7 @@ impl<D: Device> Allocator<D> {
         let p = self.planning.as_ref().filter(|p| p.steps > 0)?;
         let last = p.arenas.len().checked_sub(1)?;
         let arena = &p.arenas[last];
-        // (An arena that holds nothing is lent in a step its plan serves,
-        // whose first requests find it so.)
-        if Some(arena.seg) == p.kept_seg || (p.active.is_none() && self.arena_is_free(arena.seg)) {
+        if Some(arena.seg) == p.kept_seg {
             return None;
         }
         // (Planning off: the arena should empty, to be released, not fill;
@@ -2725,7 +2770,8 @@ impl<D: Device> Allocator<D> {
     }
 
     /// Before the dynamic path grows during a step no plan serves (none
-    /// matched it, or it left its plan before the arena was installed): the
+    /// matched it, or it left its plan before the arena was installed; the
+    /// arena could not hold the request): the
     /// current arena goes once it holds nothing, so that the step's memory
     /// is not reserved twice (the arena and the dynamic pages beside it).
     /// Its plans are not refused: a step they serve installs it again,
