@@ -1314,11 +1314,18 @@ fn a_plan_cache_of_another_training_is_left_and_replaced() {
     assert!(matches!(loaded, Some(Ok(n)) if n >= 2), "{loaded:?}");
     let alone = cached_run("planned", &b, 5, None).0;
     assert!(per[0].plan_hits >= 12, "the persistent requests were not served: {:?}", per[0]);
+    // (Within a page of the run alone, and under `defrag`'s: the kept
+    // arena holds the persistent ranges from the first step's start,
+    // where the run alone grows them in pages as they come.)
+    let page = 2 * MIB;
+    let defrag = cached_run("defrag", &b, 5, None).0;
     assert!(
-        other.bytes.peak_reserved_bytes <= alone.bytes.peak_reserved_bytes,
-        "another training's plans raised the peak: {} > {}",
+        other.bytes.peak_reserved_bytes
+            <= (alone.bytes.peak_reserved_bytes + page).min(defrag.bytes.peak_reserved_bytes),
+        "another training's plans raised the peak: {} > {} (defrag {})",
         other.bytes.peak_reserved_bytes,
-        alone.bytes.peak_reserved_bytes
+        alone.bytes.peak_reserved_bytes,
+        defrag.bytes.peak_reserved_bytes
     );
     assert!(other.bytes.peak_reserved_bytes < cold_a.bytes.peak_reserved_bytes, "a's arena was allocated");
     // The file now holds b's plans only: the next run of b is planned from
@@ -2213,30 +2220,9 @@ fn a_training_step_after_an_evaluation_forward_is_served_from_its_forward_pass()
     // reserves no more than `defrag`; planning stays on; contents intact.
     // (The gradients are freed by the step's end: the first step's guessed
     // plan is the steady one.)
-    let mut train = vec![Req { bytes: 4 * MIB + 8 * KIB, kind: TensorKind::Activation, free_at: 0 }];
-    train.extend(training_step(6, 3 * MIB).into_iter().map(|r| Req { free_at: r.free_at + 1, ..r }));
+    let train = step_after_input(false);
     let n = train.len();
-    for r in train.iter_mut() {
-        r.free_at = r.free_at.min(n);
-    }
-    train[0].free_at = n;
-    // (Longer than a step's first requests that may start its plan.)
-    let mut eval: Vec<Req> =
-        (0..40u64).map(|l| Req { bytes: 5 * MIB + l * 12 * KIB, kind: TensorKind::Temp, free_at: 0 }).collect();
-    let e = eval.len();
-    for (k, r) in eval.iter_mut().enumerate() {
-        r.free_at = (k + 2).min(e);
-    }
-    let mut evaluating = eval.clone();
-    evaluating.extend(train.iter().map(|r| Req { free_at: r.free_at + e, ..*r }));
-    let mut steps: Vec<(Vec<Req>, Vec<usize>)> = vec![(first_step(&train), vec![7])];
-    for k in 1..10 {
-        if k % 3 == 0 {
-            steps.push((evaluating.clone(), vec![0, e + 1]));
-        } else {
-            steps.push((train.clone(), vec![1]));
-        }
-    }
+    let (steps, e) = evaluating_every_third(&train, 10);
     let run = |policy: &str, cache: Option<&std::path::Path>| {
         run_marked(steps.iter().map(|(s, m)| (s.as_slice(), m.as_slice())), policy, cache)
     };
@@ -2261,4 +2247,72 @@ fn assert_not_above_defrag(planned: &Stats, defrag: &Stats, per: &[Stats]) {
         planned.bytes.peak_reserved_bytes,
         defrag.bytes.peak_reserved_bytes
     );
+}
+
+/// A training step after an input ([`training_step`] behind a 4 MiB input
+/// live to the step's end); with `wrap`, its gradients are freed in the
+/// next step (else at its end).
+fn step_after_input(wrap: bool) -> Vec<Req> {
+    let mut train = vec![Req { bytes: 4 * MIB + 8 * KIB, kind: TensorKind::Activation, free_at: 0 }];
+    train.extend(training_step(6, 3 * MIB).into_iter().map(|r| Req { free_at: r.free_at + 1, ..r }));
+    let n = train.len();
+    if !wrap {
+        for r in train.iter_mut() {
+            r.free_at = r.free_at.min(n);
+        }
+    }
+    train[0].free_at = n;
+    train
+}
+
+/// A step's requests and the requests its forward passes begin before.
+type MarkedStep = (Vec<Req>, Vec<usize>);
+
+/// Steps of `train` with an evaluation (a forward pass of 40 requests,
+/// freed before the training one) before every third, with their
+/// forward marks; the run's first step holds the parameters and makes the
+/// optimizer's states ([`first_step`]).
+fn evaluating_every_third(train: &[Req], steps: usize) -> (Vec<MarkedStep>, usize) {
+    let mut eval: Vec<Req> =
+        (0..40u64).map(|l| Req { bytes: 5 * MIB + l * 12 * KIB, kind: TensorKind::Temp, free_at: 0 }).collect();
+    let e = eval.len();
+    for (k, r) in eval.iter_mut().enumerate() {
+        r.free_at = (k + 2).min(e);
+    }
+    let mut evaluating = eval.clone();
+    evaluating.extend(train.iter().map(|r| Req { free_at: r.free_at + e, ..*r }));
+    let mut out: Vec<MarkedStep> = vec![(first_step(train), vec![7])];
+    for k in 1..steps {
+        if k % 3 == 0 {
+            out.push((evaluating.clone(), vec![0, e + 1]));
+        } else {
+            out.push((train.to_vec(), vec![1]));
+        }
+    }
+    (out, e)
+}
+
+#[test]
+fn a_plan_of_guessed_lifetimes_serves_on_when_its_successor_s_arena_is_refused() {
+    // As above, with the gradients freed in the next step: the first
+    // step's plan (its gradients guessed live to its end) serves the
+    // second; the second's own plan (gradients wrapping) needs a larger
+    // arena, which the dynamic path's pages beside it leave no room for
+    // under the peak so far: refused. The first step's plan, which the
+    // arena there is serves, then serves the training steps on (before,
+    // every step after the fourth was dynamic), its misses placed in the
+    // arena's free space rather than in dynamic pages grown beside it
+    // (the peak stays where the dynamic steps had it).
+    let train = step_after_input(true);
+    let n = train.len();
+    let (steps, _) = evaluating_every_third(&train, 13);
+    let run = |policy: &str| run_marked(steps.iter().map(|(s, m)| (s.as_slice(), m.as_slice())), policy, None);
+    let (cold, per) = run("planned");
+    let (defrag, _) = run("defrag");
+    let hits: Vec<(u64, u64)> = per.iter().map(|s| (s.plan_hits, s.plan_misses)).collect();
+    assert!(per[6..].iter().all(|s| s.plan_hits >= n as u64 - 1 && s.device_alloc_calls == 0), "{hits:?}");
+    assert!(cold.plan_refused <= 1, "{cold:?}");
+    let peak_at = |k: usize| per[k].bytes.peak_reserved_bytes;
+    assert_eq!(peak_at(12), peak_at(4), "the plan serving on raised the peak: {hits:?}");
+    assert_not_above_defrag(&cold, &defrag, &per);
 }

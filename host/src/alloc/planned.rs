@@ -681,6 +681,13 @@ impl Planning {
         self.arenas.last().filter(|a| Some(a.seg) != self.kept_seg).map_or((0, 0), |a| (a.size, a.zone))
     }
 
+    /// Whether plan `q` can serve from the current arena as it is (an
+    /// aliased plan: of its size exactly).
+    fn serves_current_arena(&self, q: &StoredPlan) -> bool {
+        let (size, zone) = self.current_arena();
+        size > 0 && zone == q.zone && if zone > 0 { q.arena_bytes == size } else { q.arena_bytes <= size }
+    }
+
     /// Drops every stored plan and the step's use of one.
     fn forget_plans(&mut self) {
         self.plans.clear();
@@ -1083,11 +1090,7 @@ impl Planning {
     fn store(&mut self, stored: StoredPlan) {
         if let Some(i) = self.plans.iter().position(|q| !q.first_only && q.keys.first() == stored.keys.first()) {
             let old = self.plans.remove(i);
-            let fits = |q: &StoredPlan| {
-                let (size, zone) = self.current_arena();
-                size > 0 && zone == q.zone && if zone > 0 { q.arena_bytes == size } else { q.arena_bytes <= size }
-            };
-            self.superseded = (fits(&old) && !fits(&stored)).then_some(old);
+            self.superseded = (self.serves_current_arena(&old) && !self.serves_current_arena(&stored)).then_some(old);
         } else if self.plans.len() >= MAX_PLANS {
             let lru = self.plans.iter().enumerate().min_by_key(|(_, q)| q.last_used).map(|(i, _)| i).expect("full");
             self.plans.remove(lru);
@@ -1660,12 +1663,22 @@ impl<D: Device> Allocator<D> {
                 q.guessed_need = need.max(1);
             }
         } else if worth && !good && !futile && !restored {
+            let made = self.stats.plans;
             self.make_plan(&profile)?;
+            let new_plan = self.stats.plans > made;
             // A plan of guessed lifetimes goes once one of known lifetimes
             // is made (it would be chosen by its own first request, which
-            // may start other steps).
+            // may start other steps) — kept aside, as a plan its first
+            // request replaced is, when it serves the arena there is and
+            // the new plan needs another: it serves on if that one's arena
+            // is refused (see [`Allocator::refuse_arena`]).
             let p = self.planning.as_mut().expect("planning is on");
-            if guessed && p.plans.iter().any(|q| q.guessed_need > 0) {
+            if let Some(g) = p.plans.iter().position(|q| q.guessed_need > 0).filter(|_| guessed) {
+                let old = p.plans.remove(g);
+                let needs_another = new_plan && p.plans.last().is_some_and(|q| !p.serves_current_arena(q));
+                if needs_another && p.superseded.is_none() && p.serves_current_arena(&old) {
+                    p.superseded = Some(old);
+                }
                 p.plans.retain(|q| q.guessed_need == 0);
                 p.active = None;
             }
@@ -2244,6 +2257,19 @@ impl<D: Device> Allocator<D> {
         high_water.max(u64::try_from(expected).unwrap_or(u64::MAX))
     }
 
+    /// What giving back the dynamic path's cache would release: its
+    /// entirely free segments and its whole free pages (free bytes within
+    /// pages or segments that hold tensors stay reserved).
+    fn dynamic_releasable(&self) -> u64 {
+        let unpaged_free: u64 = self
+            .free_segments(None)
+            .into_iter()
+            .filter(|s| !self.paging.segs.contains_key(s))
+            .map(|s| self.arena.segments.get(s).size)
+            .sum();
+        unpaged_free + self.free_page_bytes()
+    }
+
     /// Installs an arena for the active plan (at its install point): the old
     /// arena goes when it is free, the dynamic cache is given back, the new
     /// arena is allocated, and the live tensors the plan expects are moved
@@ -2287,14 +2313,8 @@ impl<D: Device> Allocator<D> {
             p.high_water.max(cached)
         });
         let high_water = high_water.max(self.stats.bytes.peak_reserved_bytes);
-        let unpaged_free: u64 = self
-            .free_segments(None)
-            .into_iter()
-            .filter(|s| !self.paging.segs.contains_key(s))
-            .map(|s| self.arena.segments.get(s).size)
-            .sum();
-        let cached = unpaged_free + self.free_page_bytes();
-        let estimate = self.stats.bytes.reserved_bytes.saturating_sub(cached).saturating_add(holds + kept);
+        let estimate =
+            self.stats.bytes.reserved_bytes.saturating_sub(self.dynamic_releasable()).saturating_add(holds + kept);
         let page = if self.policies.reclamation_wants_pages() { self.device.granularity() } else { 0 };
         let high_water = self.guessed_high_water(i, high_water).saturating_add(page);
         if estimate > high_water {
@@ -2519,7 +2539,25 @@ impl<D: Device> Allocator<D> {
         );
         let p = self.planning.as_mut().expect("planning is on");
         p.matched.clear();
-        match p.superseded.take().filter(|old| old.keys.first() == p.plans[i].keys.first()) {
+        // (A plan of the first step's guessed lifetimes lacks what came
+        // before that step's first forward pass: its first request is
+        // among the refused plan's first few.)
+        let first = p.plans[i].keys.first();
+        let ahead = &p.plans[i].keys[..p.plans[i].keys.len().min(LOOKAHEAD)];
+        let replaced = |old: &StoredPlan| {
+            old.keys.first() == first || (old.guessed_need > 0 && old.keys.first().is_some_and(|k| ahead.contains(k)))
+        };
+        match p.superseded.take().filter(replaced) {
+            Some(old) if old.guessed_need > 0 => {
+                // The first step's plan serves on, its lifetimes now taken
+                // as they are (what it misses stays dynamic); plans as large
+                // as the refused one are not installed (the steps it serves
+                // would plan that one again).
+                tracing::debug!(bytes = old.arena_bytes, "the plan of the first step's guessed lifetimes serves on");
+                p.plans[i] = StoredPlan { guessed_need: 0, settled: true, ..old };
+                p.restored = true;
+                p.refused_arena = p.refused_arena.min(want);
+            }
             Some(old) => {
                 // The plan it replaced serves the arena there is: back, from
                 // the next step on (the arena was not refused for its size).
@@ -2646,8 +2684,7 @@ impl<D: Device> Allocator<D> {
         // but not at the cost of a peak.)
         if p.active.is_some() || p.suspended {
             let b = &self.stats.bytes;
-            let dynamic_cached: u64 = self.arena.pools.iter().filter(|q| !q.planned).map(|q| q.cached_bytes()).sum();
-            if b.reserved_bytes.saturating_sub(dynamic_cached) + grow <= b.peak_reserved_bytes {
+            if b.reserved_bytes.saturating_sub(self.dynamic_releasable()) + grow <= b.peak_reserved_bytes {
                 return None;
             }
         }
