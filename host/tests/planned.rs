@@ -1769,6 +1769,11 @@ fn run_steps(
     run_marked(steps.iter().map(|s| (s.as_slice(), marks)), policy, cache)
 }
 
+/// [`run_marked`] of steps with their marks.
+fn run_marked_steps(steps: &[MarkedStep], policy: &str, cache: Option<&std::path::Path>) -> (Stats, Vec<Stats>) {
+    run_marked(steps.iter().map(|(s, m)| (s.as_slice(), m.as_slice())), policy, cache)
+}
+
 /// [`run_steps`] with each step's own marks.
 fn run_marked<'a>(
     steps: impl IntoIterator<Item = (&'a [Req], &'a [usize])>,
@@ -2223,9 +2228,7 @@ fn a_training_step_after_an_evaluation_forward_is_served_from_its_forward_pass()
     let train = step_after_input(false);
     let n = train.len();
     let (steps, e) = evaluating_every_third(&train, 10);
-    let run = |policy: &str, cache: Option<&std::path::Path>| {
-        run_marked(steps.iter().map(|(s, m)| (s.as_slice(), m.as_slice())), policy, cache)
-    };
+    let run = |policy: &str, cache: Option<&std::path::Path>| run_marked_steps(&steps, policy, cache);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("plans.json");
     let (cold, per) = run("planned", Some(&path));
@@ -2306,9 +2309,7 @@ fn a_plan_of_guessed_lifetimes_serves_on_when_its_successor_s_arena_is_refused()
     let train = step_after_input(true);
     let n = train.len();
     let (steps, _) = evaluating_every_third(&train, 13);
-    let run = |policy: &str, cache: Option<&std::path::Path>| {
-        run_marked(steps.iter().map(|(s, m)| (s.as_slice(), m.as_slice())), policy, cache)
-    };
+    let run = |policy: &str, cache: Option<&std::path::Path>| run_marked_steps(&steps, policy, cache);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("plans.json");
     let (cold, per) = run("planned", Some(&path));
