@@ -122,7 +122,8 @@ pub struct Metrics {
     pub plans: u64,
     /// Requests served at their planned offset.
     pub plan_hits: u64,
-    /// Requests of planned steps served by the dynamic path instead.
+    /// Requests of planned steps served by the dynamic path instead (not
+    /// counting those a plan leaves to the room the dynamic path keeps).
     pub plan_misses: u64,
     /// Plans refused (invalid, the planner failed, or no arena: the device
     /// refused it, or it would have raised the peak reserved memory).

@@ -502,7 +502,7 @@ impl<D: Device> Allocator<D> {
             let addr = self.arena.segments.get(b.segment).base + b.offset;
             self.record(ActionKind::Alloc, addr, bytes, stream, Some(kind));
         }
-        self.plan_record_alloc(id, bytes, kind, stream);
+        self.plan_record_alloc(id, &req, pool);
         Ok(id)
     }
 

@@ -32,6 +32,14 @@
 //! than the growth it saves (for a request the plan leaves dynamic, which
 //! comes every step: than half of it) ([`Allocator::displaced`]), at a free
 //! block's start or end.
+//! The dynamic path keeps some room whatever is given back: the free bytes
+//! of segments held by tensors that outlive the step (a loss kept for
+//! logging holds a segment of small tensors). A step's requests that it
+//! would place there are left out of the plan while the bytes they keep
+//! live at once fit in [`ROOM_SHARE`] of that room
+//! ([`Allocator::room_left`]); they are served there as planned (no
+//! misses), and the arena need not hold them too. A plan cache keeps a plan
+//! of every request (the next run has no such room).
 //! Traces without step markers (most PyTorch snapshots) stay on the dynamic
 //! path, with `defrag`'s results — unless the planner asks for steps found
 //! by the period of the requests ([`PlannerPolicy::steps_by_period`],
@@ -63,6 +71,8 @@
 //! - `plan_arena_bytes = Σ arena sizes`.
 
 use std::path::{Path, PathBuf};
+
+use rustc_hash::FxHashMap;
 
 use super::period::PeriodDetector;
 use super::plan_cache::{CacheContent, CacheError, CachedPlan};
@@ -149,6 +159,10 @@ struct StoredPlan {
     /// were guessed ([`guessed_first`]): the peak live bytes of its planned
     /// requests (the least any placement of them needs); 0: not such a plan.
     guessed_need: u64,
+    /// Requests left out of the plan for the free room of the dynamic
+    /// path's held segments ([`Allocator::room_left`]; empty: none): served
+    /// there, they are no misses.
+    roomed: Vec<bool>,
 }
 
 impl StoredPlan {
@@ -198,6 +212,7 @@ impl StoredPlan {
             refinable: true,
             refines: 0,
             guessed_need: 0,
+            roomed: Vec::new(),
         }
     }
 
@@ -400,6 +415,13 @@ impl BySlot {
         matches!(self.at.get(id.slot as usize), Some(Some((h, _))) if *h == id)
     }
 
+    fn get(&self, id: TensorId) -> Option<u32> {
+        match self.at.get(id.slot as usize) {
+            Some(&Some((h, k))) if h == id => Some(k),
+            _ => None,
+        }
+    }
+
     fn entries(&self) -> impl Iterator<Item = (TensorId, u32)> + '_ {
         self.used.iter().filter_map(|&s| self.at[s as usize])
     }
@@ -568,7 +590,20 @@ pub(crate) struct Planning {
     /// This step's profile outgrew [`MAX_PROFILE`]: it was dropped, and
     /// the step is not planned.
     overflowed: bool,
+    /// The dynamic pool each request key was last placed in (at most
+    /// [`MAX_KEYS`] keys): where a request left out of a plan would go
+    /// ([`Allocator::room_left`]).
+    dynamic_pools: FxHashMap<Key, u32>,
 }
+
+/// Request keys whose dynamic pool is remembered at most (a run of
+/// endlessly many shapes starts over).
+const MAX_KEYS: usize = 1 << 16;
+
+/// The share of the free room of the dynamic path's held segments that
+/// requests left out of a plan may fill at once (the rest absorbs the
+/// fragmentation of its best-fit placement and the step's own misses).
+const ROOM_SHARE: (u64, u64) = (3, 4);
 
 /// Requests of a step profiled at most: a longer step (a run whose step
 /// ends are neither marked nor found) is not planned, and its profile is
@@ -668,6 +703,7 @@ impl Planning {
             detector,
             marked: false,
             overflowed: false,
+            dynamic_pools: FxHashMap::default(),
         }
     }
 
@@ -815,6 +851,15 @@ impl Planning {
         if let Some(j) = self.last_match.take() {
             self.matched.push((id, j));
         }
+    }
+
+    /// Remembers the dynamic pool a request of `req`'s key was placed in.
+    #[cold]
+    fn note_dynamic_pool(&mut self, req: &AllocRequest, pool: u32) {
+        if self.dynamic_pools.len() >= MAX_KEYS {
+            self.dynamic_pools.clear();
+        }
+        self.dynamic_pools.insert((req.bytes, req.kind, req.stream), pool);
     }
 
     /// Drops this step's profile (too long to plan): what it recorded goes,
@@ -1223,10 +1268,22 @@ impl<D: Device> Allocator<D> {
             _ => None,
         };
         let p = self.planning.as_mut().expect("checked");
+        let roomed = match planned {
+            Some((j, None)) if p.plans[i].roomed.get(j) == Some(&true) => Some(j),
+            _ => None,
+        };
         if served.is_some() {
             p.step_hits += 1;
             p.deviation_run = 0;
             self.stats.plan_hits += 1;
+        } else if let Some(j) = roomed {
+            // Left to the dynamic path's room as planned: no miss (if it
+            // must grow, the arena's free space is borrowed first, as for
+            // a planned request whose range is taken).
+            let n = p.plans[i].keys.len() as u32;
+            let from = j as u32 + 1;
+            p.borrow = Some((p.current.len() as u32, from, p.plans[i].frees[j].min(from.saturating_add(n))));
+            p.borrow_planless = false;
         } else {
             tracing::trace!(request = p.current.len(), planned = ?planned, bytes = req.bytes, "plan miss");
             p.step_misses += 1;
@@ -1441,9 +1498,12 @@ impl<D: Device> Allocator<D> {
 
     /// Records an allocation of this step in the profile (after it succeeded).
     #[inline]
-    pub(super) fn plan_record_alloc(&mut self, id: TensorId, bytes: u64, kind: TensorKind, stream: StreamId) {
+    pub(super) fn plan_record_alloc(&mut self, id: TensorId, req: &AllocRequest, pool: usize) {
         if let Some(p) = self.planning.as_mut() {
-            p.record_alloc(id, bytes, kind, stream);
+            if !self.arena.pools[pool].planned {
+                p.note_dynamic_pool(req, pool as u32);
+            }
+            p.record_alloc(id, req.bytes, req.kind, req.stream);
         }
     }
 
@@ -2003,6 +2063,106 @@ impl<D: Device> Allocator<D> {
         Ok(Some(plan))
     }
 
+    /// The free room of the dynamic path that stays reserved whatever is
+    /// given back, by pool: the free bytes of its segments that hold a
+    /// tensor that outlives the next step, less their whole free pages
+    /// (those are released when an arena is installed). At a step's end
+    /// (`profile`: its own, not a guessed one), a tensor lives on unless
+    /// it is one of the step's end-live requests that the next step frees
+    /// (as the step before freed its instance: `wraps_to`); at the run's
+    /// first step, nothing is known of that: unless it is a gradient
+    /// (zeroed by the next step; a loss or an output kept for logging is
+    /// smaller than a segment).
+    fn held_room(&self, profile: &StepProfile) -> FxHashMap<u32, u64> {
+        let Some(p) = self.planning.as_ref() else { return FxHashMap::default() };
+        let first = p.steps <= 1;
+        let durable = |id: TensorId, t: &super::Tensor| match p.carried.get(id) {
+            None => true,
+            Some(_) if first => t.kind != TensorKind::Grad,
+            Some(k) => profile.requests.get(k as usize).is_some_and(|r| !r.plannable(k)),
+        };
+        let page = self.device.granularity();
+        let mut room: FxHashMap<u32, u64> = FxHashMap::default();
+        for (seg, s) in self.arena.segments.iter() {
+            if self.arena.pools[s.pool as usize].planned {
+                continue;
+            }
+            let paged = page > 0 && self.paging.segs.contains_key(&seg);
+            let (mut free, mut held, mut b) = (0, false, s.first);
+            while b != NIL {
+                let blk = self.arena.blocks.get(b);
+                if blk.is_free() {
+                    let whole = if paged {
+                        (blk.offset + blk.size) / page - (blk.offset.div_ceil(page)).min((blk.offset + blk.size) / page)
+                    } else {
+                        0
+                    };
+                    free += blk.size - whole * page;
+                } else {
+                    held |= self.tensors.by_slot(blk.tensor).is_some_and(|(id, t)| durable(id, t));
+                }
+                b = blk.next;
+            }
+            if held && free > 0 {
+                *room.entry(s.pool).or_default() += free;
+            }
+        }
+        room
+    }
+
+    /// The requests of `profile` to leave out of its plan: those freed in
+    /// the step that the dynamic path places in a pool with free room it
+    /// keeps anyway (the segments of tensors that outlive the step: a loss
+    /// kept for logging, a step counter, the first step's leftovers), taken
+    /// in their order while the bytes live at once in each pool stay within
+    /// [`ROOM_SHARE`] of its room. The arena then need not hold them: the
+    /// dynamic path's peak carries that room whether it is used or not
+    /// (a plan that holds them is a little worse than `defrag` there,
+    /// whose step fills it). `None`: none (no such room, or steps planned
+    /// two at a time). Returns the profile the planner is asked to plan
+    /// (those requests' lifetimes unknown) and which requests are left.
+    fn room_left(&self, profile: &StepProfile) -> Option<(StepProfile, Vec<bool>)> {
+        let p = self.planning.as_ref().filter(|p| p.period == 1 && !p.dynamic_pools.is_empty())?;
+        let room = self.held_room(profile);
+        if room.is_empty() {
+            return None;
+        }
+        let budget = |pool: u32| room.get(&pool).map_or(0, |r| r / ROOM_SHARE.1 * ROOM_SHARE.0);
+        let mut load: FxHashMap<u32, u64> = FxHashMap::default();
+        let mut ends = std::collections::BinaryHeap::new();
+        let mut left = vec![false; profile.requests.len()];
+        let mut any = false;
+        for (k, r) in profile.requests.iter().enumerate() {
+            while let Some(&std::cmp::Reverse((end, pool, bytes))) = ends.peek() {
+                if end > k as u32 {
+                    break;
+                }
+                ends.pop();
+                *load.entry(pool).or_default() -= bytes;
+            }
+            let Some(end) = r.freed_at.filter(|_| r.plannable(k as u32)) else { continue };
+            let Some(&pool) = p.dynamic_pools.get(&key(r)) else { continue };
+            let bytes = r.planned_bytes();
+            let used = load.entry(pool).or_default();
+            if *used + bytes > budget(pool) {
+                continue;
+            }
+            *used += bytes;
+            ends.push(std::cmp::Reverse((end, pool, bytes)));
+            left[k] = true;
+            any = true;
+        }
+        if !any {
+            return None;
+        }
+        let mut asked = StepProfile { step: profile.step, requests: profile.requests.clone() };
+        for (r, _) in asked.requests.iter_mut().zip(&left).filter(|(_, &l)| l) {
+            r.freed_at = None;
+            r.wraps_to = None;
+        }
+        Some((asked, left))
+    }
+
     /// When steps are planned two at a time: the planner's aliased plan of
     /// `profile` ([`PlannerPolicy::plan_aliased`]), validated against the
     /// physical memory it maps (an invalid one is refused and counted).
@@ -2032,7 +2192,8 @@ impl<D: Device> Allocator<D> {
     /// Asks the planner for a plan of `profile`, validates it and stores it
     /// (in an arena at least as large as the cached plans').
     fn make_plan(&mut self, profile: &StepProfile) -> Result<(), AllocError> {
-        let plain = self.ask_planner(profile)?;
+        let room_left = self.room_left(profile);
+        let plain = self.ask_planner(room_left.as_ref().map_or(profile, |(asked, _)| asked))?;
         // Two steps at a time: an aliased plan, when the planner makes one
         // that holds no more than the plain plan (with what each leaves
         // dynamic) in whole pages of the device (the aliased arena is
@@ -2118,20 +2279,35 @@ impl<D: Device> Allocator<D> {
                 && q.keys.iter().copied().eq(profile.requests.iter().map(key))
         };
         if let Some(q) = p.plans.iter_mut().find(|q| same(q)) {
-            // (A plan of guessed lifetimes that the step confirmed.)
+            // (A plan of guessed lifetimes that the step confirmed: what it
+            // leaves to the room is now judged by known lifetimes.)
             q.settled = true;
             q.guessed_need = 0;
+            q.roomed = room_left.map(|(_, left)| left).unwrap_or_default();
             return Ok(());
         }
+        let cached = p.cache.is_some();
+        let (roomed, full) = match room_left {
+            // The next run starts without this run's room (its first step
+            // is planned too): the plan cache keeps a plan of every request.
+            Some((_, left)) if cached => (left, self.ask_planner(profile)?),
+            Some((_, left)) => (left, None),
+            None => (Vec::new(), None),
+        };
+        let p = self.planning.as_mut().expect("planning is on");
         // The profile is copied only for a plan cache (its buffer serves the next step).
         let c = CachedPlan { profile: StepProfile::default(), plan, persistent: Vec::new(), zone: 0, searched: 0 };
-        let stored = if p.cache.is_some() {
+        let stored = if cached {
             let c = CachedPlan { profile: StepProfile { step: profile.step, requests: profile.requests.clone() }, ..c };
-            StoredPlan::of(&c, p.common_arena, false, p.steps).keeping(c)
+            let stored = StoredPlan::of(&c, p.common_arena, false, p.steps);
+            match full {
+                Some(plan) => stored.keeping(CachedPlan { plan, ..c }),
+                None => stored.keeping(c),
+            }
         } else {
             StoredPlan::of_profile(profile, &c.plan, p.common_arena, p.steps)
         };
-        p.store(stored);
+        p.store(StoredPlan { roomed, ..stored });
         if let Some(cache) = p.cache.as_mut() {
             cache.dirty = true;
         }

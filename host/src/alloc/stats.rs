@@ -181,7 +181,8 @@ pub struct Stats {
     /// Requests served at their planned offset.
     pub plan_hits: u64,
     /// Requests of a planned step that were not (no planned entry matched,
-    /// or the planned range was occupied: a deviation).
+    /// or the planned range was occupied: a deviation; not those the plan
+    /// leaves to the dynamic path's room, which are served as planned).
     pub plan_misses: u64,
     /// Plans refused (invalid, the planner failed, or no arena could be had).
     pub plan_refused: u64,
