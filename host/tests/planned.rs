@@ -831,11 +831,13 @@ fn an_input_held_until_the_next_batch_replaces_it_lies_in_the_arena_s_free_space
     // allocated first and freed only once the next step's is (the name is
     // rebound), a tensor that outlives its next instance but holds far
     // less than 1/200 of the peak: steps stay planned one at a time and
-    // the plan leaves it dynamic. A warm run's arena, the first step's
-    // (where the input was planned), has room for one instance beside the
-    // steady plan; the other borrows the arena's free space (at a free
-    // block's end too), displacing no planned tensor as large as the
-    // growth it saves: one dynamic segment, not one per instance.
+    // the plan leaves it dynamic. A warm run's arena has room beside the
+    // steady plan for both instances (what the steady plans leave dynamic,
+    // twice what outlives its next instance, when that fits under the
+    // step-end peak of the run that made them; before, only the first
+    // step's room for one, the other grew a dynamic segment): they borrow
+    // the arena's free space, displacing no planned tensor, and the run's
+    // two device calls are its two arenas.
     let mut template = vec![Req { bytes: 2 * MIB + 123 * KIB, kind: TensorKind::Activation, free_at: 0 }];
     template.extend(training_step(8, 64 * MIB + 300 * KIB).into_iter().map(|r| Req { free_at: r.free_at + 1, ..r }));
     let n = template.len();
@@ -851,7 +853,8 @@ fn an_input_held_until_the_next_batch_replaces_it_lies_in_the_arena_s_free_space
     let (defrag, _, _) = cached_run("defrag", &template, 10, None);
     let per: Vec<(u64, u64)> = per.iter().map(|s| (s.plan_hits, s.plan_misses)).collect();
     assert!(per[1..].iter().all(|&(hits, misses)| hits == n as u64 - 1 && misses == 1), "{per:?}");
-    // One instance's pages beside the arena (4 MiB), not both (8 MiB).
+    assert_eq!((warm.device_alloc_calls, warm.device_free_calls), (2, 0), "{warm:?}");
+    // Not even one instance's pages beside the arena (4 MiB).
     let input = template[0].bytes.div_ceil(2 * MIB) * 2 * MIB;
     assert!(
         warm.bytes.peak_reserved_bytes < warm.bytes.peak_live_bytes + input + MIB,

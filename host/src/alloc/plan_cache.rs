@@ -130,6 +130,23 @@ impl CachedPlan {
     pub fn persistent_bytes(&self) -> u64 {
         self.persistent.iter().map(|&k| self.profile.requests[k as usize].planned_bytes()).sum()
     }
+
+    /// Bytes a step of a plain steady plan keeps live at most on the
+    /// dynamic path: its unplanned requests, twice each one that is live
+    /// at the step's end past its next instance's allocation (or of
+    /// unknown end) — an input held until the next batch replaces it.
+    pub fn planless_bytes(&self) -> u64 {
+        if self.zone > 0 || !self.persistent.is_empty() {
+            return 0;
+        }
+        let reqs = self.profile.requests.iter().zip(&self.plan.offsets).enumerate();
+        reqs.filter(|(_, (_, o))| o.is_none())
+            .map(|(k, (r, _))| {
+                let outlives = r.freed_at.is_none() && r.wraps_to.is_none_or(|w| w as usize > k);
+                r.planned_bytes() * if outlives { 2 } else { 1 }
+            })
+            .sum()
+    }
 }
 
 /// The content of a cache file.

@@ -2384,7 +2384,21 @@ impl<D: Device> Allocator<D> {
         p.cached_high_water = content.high_water;
         p.period = content.period.max(1);
         p.mid = false;
+        // Room at the end of the arena for what the steady plans leave
+        // dynamic (an input held until the next batch replaces it: the
+        // arena's free space serves both instances without displacing a
+        // planned request), when it fits under the step-end peak of the
+        // run that made the plans (room for one instance only would
+        // leave the other growing pages every other step all the same).
+        let kept = content.first.as_ref().map_or(0, CachedPlan::persistent_bytes);
+        let steady = content.plans.iter().filter(|c| c.zone == 0);
+        let widest = steady.clone().map(|c| c.plan.arena_bytes).max().unwrap_or(0);
+        let planless = steady.map(CachedPlan::planless_bytes).max().unwrap_or(0);
+        let room = (widest + planless).div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
         p.common_arena = content.arena_bytes();
+        if room.saturating_add(kept) <= content.high_water {
+            p.common_arena = p.common_arena.max(room);
+        }
         let now = p.steps;
         let mut n = 0;
         if let Some(f) = content.first.as_ref().filter(|_| p.steps == 0) {
