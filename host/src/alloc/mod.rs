@@ -735,14 +735,16 @@ impl<D: Device> Allocator<D> {
     /// Consults the reclamation policy and applies its decision; returns
     /// whether it asked to stitch (meaningful on growth triggers).
     fn run_reclaim(&mut self, trigger: &ReclaimTrigger) -> Result<bool, AllocError> {
-        // Reclamation sees the dynamic path's memory: planned arenas are
-        // neither its cache nor its to give back (their free space would
-        // read as cache to trim, and the dynamic pages went every step).
+        // Planned arenas are neither the dynamic path's cache nor its to
+        // give back: reclamation sees them as wholly allocated (their free
+        // space would read as cache to trim, and the dynamic pages went
+        // every step), and as reserved (a cache kept as a share of the
+        // reserved bytes is kept as a share of the device's footprint, not
+        // of the few pages beside an arena: a miss's pages would go at each
+        // step's end and come back at the next).
         let mut ctx = self.context();
         for p in self.arena.pools.iter().filter(|p| p.planned) {
-            ctx.reserved_bytes = ctx.reserved_bytes.saturating_sub(p.gauges.reserved_bytes);
-            ctx.allocated_bytes = ctx.allocated_bytes.saturating_sub(p.gauges.allocated_bytes);
-            ctx.live_bytes = ctx.live_bytes.saturating_sub(p.gauges.live_bytes);
+            ctx.allocated_bytes += p.gauges.reserved_bytes.saturating_sub(p.gauges.allocated_bytes);
         }
         let pools = &self.arena.pools;
         let (mut d, _) = self
