@@ -2436,3 +2436,22 @@ fn the_dynamic_pages_beside_an_arena_are_kept_between_steps() {
     assert!(per[8..].iter().all(|s| s.plan_misses == 0), "{:?}", per.iter().map(|s| s.plan_misses).collect::<Vec<_>>());
     assert_not_above_defrag(&planned, &defrag, &per);
 }
+
+#[test]
+fn the_plan_cache_holds_the_run_s_high_water_mark_not_the_one_at_its_last_write() {
+    // A late step that reserves more than any before (an extra tensor
+    // beside the plan: one miss, no new plan), after the plans settled and
+    // the file was last written for them: the next run's arenas are held
+    // to the run's mark, so the file must carry the new one.
+    let train = training_step(6, 3 * MIB);
+    let late = ops(&train, &[Dev::Extra { at: 3, bytes: 40 * MIB }]);
+    let mut steps = vec![first_step(&train)];
+    steps.extend(std::iter::repeat_n(train.clone(), 8));
+    steps.push(late);
+    steps.push(train);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plans.json");
+    let (cold, _) = run_steps(&steps, "planned", Some(&path), &[]);
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(v["high_water"].as_u64(), Some(cold.bytes.peak_reserved_bytes), "{cold:?}");
+}

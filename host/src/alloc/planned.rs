@@ -1591,7 +1591,14 @@ impl<D: Device> Allocator<D> {
     /// first step a new arena served, gives the dynamic cache back once.
     pub(super) fn plan_step_end(&mut self, step: u64) -> Result<(), AllocError> {
         let Some(p) = self.planning.as_mut() else { return Ok(()) };
-        p.high_water = p.high_water.max(self.stats.bytes.peak_reserved_bytes);
+        if self.stats.bytes.peak_reserved_bytes > p.high_water {
+            p.high_water = self.stats.bytes.peak_reserved_bytes;
+            // The file holds the run's high-water mark (what the next
+            // run's arenas are held to), not the one at its last write.
+            if let Some(c) = p.cache.as_mut().filter(|c| c.written) {
+                c.dirty = true;
+            }
+        }
         p.note_shapes();
         let mut pair_seen = false;
         if p.period > 1 && p.steps > 0 {
@@ -2888,7 +2895,14 @@ impl<D: Device> Allocator<D> {
         let planless = p.borrow_planless && p.borrow.is_some_and(|(at, ..)| at == p.current.len() as u32);
         let most = if planless { grow / 2 } else { grow.max(size) };
         let mut ranked: Vec<_> = displaced.into_iter().zip(fits).filter(|&(d, _)| d <= most).collect();
-        ranked.sort_unstable();
+        if planless {
+            // (Its instances alternate: each at the high end of its block,
+            // the next one finds the low end whole once what lay below is
+            // gone — the room above the steady plan holds both.)
+            ranked.sort_unstable_by_key(|&(d, (size, off))| (d, size, std::cmp::Reverse(off)));
+        } else {
+            ranked.sort_unstable();
+        }
         let taken = ranked
             .into_iter()
             .take(ALIAS_TRIES)
