@@ -4,7 +4,8 @@
 //! allocator's and the driver's speed, without reading a trace. `warm`
 //! (a policy with a planner): a first, unmeasured run fills a plan cache,
 //! and every measured run starts from it (reading it included). STEPS may
-//! instead name a trace file (our format), read once before the rounds.
+//! instead name a trace file (our format, or a PyTorch snapshot `.pickle`),
+//! read once before the rounds.
 use wasmem::alloc::Allocator;
 use wasmem::device::sim::SimDevice;
 use wasmem::model::ModelSpec;
@@ -19,6 +20,10 @@ fn main() {
     let warm = args.get(4).is_some_and(|s| s == "warm");
     let ev = match what.parse::<u64>() {
         Ok(steps) => synth(&ModelSpec { steps, ..ModelSpec::preset("gpt2-124m").expect("preset") }).expect("valid"),
+        Err(_) if what.ends_with(".pickle") => {
+            let opts = wasmem::trace::snapshot::ImportOptions::default();
+            wasmem::trace::snapshot::import_file(what, &opts).unwrap_or_else(|e| panic!("{e}")).events
+        }
         Err(_) => wasmem::trace::read_file(what).unwrap_or_else(|e| panic!("{what}: {e}")).1,
     };
     let dir = tempfile::tempdir().expect("a temporary directory");

@@ -118,7 +118,12 @@ pub struct SimDevice {
     cfg: SimConfig,
     next_va: DevicePtr,
     segments: BTreeMap<DevicePtr, Range>,
+    /// Reservations by base: size.
     reservations: BTreeMap<DevicePtr, u64>,
+    /// Mappings inside each reservation (by base), so that a release checks
+    /// for them in O(1) instead of walking every granule of a reservation (a
+    /// paged segment reserves 1/8 of the device).
+    resv_maps: FxHashMap<DevicePtr, u64>,
     /// The reservation `map` found last: (base, size).
     last_reservation: Option<(DevicePtr, u64)>,
     physical: SeqMap<Phys>,
@@ -136,8 +141,8 @@ pub struct SimDevice {
 struct Mappings {
     granularity: u64,
     /// Granule index (`address / granularity`) → (start, physical handle,
-    /// size) of the mapping that covers it.
-    granules: SeqMap<(DevicePtr, PhysHandle, u64)>,
+    /// size, base of its reservation) of the mapping that covers it.
+    granules: SeqMap<(DevicePtr, PhysHandle, u64, DevicePtr)>,
 }
 
 impl Mappings {
@@ -148,7 +153,7 @@ impl Mappings {
 
     /// The mapping that covers `addr`: (start, physical handle, size).
     fn covering(&self, addr: DevicePtr) -> Option<(DevicePtr, PhysHandle, u64)> {
-        self.granules.get(&(addr / self.granularity)).copied()
+        self.granules.get(&(addr / self.granularity)).map(|&(va, phys, size, _)| (va, phys, size))
     }
 
     /// Whether a mapping covers part of `[va, va + size)`.
@@ -156,15 +161,16 @@ impl Mappings {
         self.span(va, size).any(|g| self.granules.contains_key(&g))
     }
 
-    /// Adds a mapping of granule-aligned `va` unless part of its range is
-    /// mapped already (then `false`, nothing changed).
-    fn insert(&mut self, va: DevicePtr, phys: PhysHandle, size: u64) -> bool {
+    /// Adds a mapping of granule-aligned `va` inside the reservation at
+    /// `resv` unless part of its range is mapped already (then `false`,
+    /// nothing changed).
+    fn insert(&mut self, va: DevicePtr, phys: PhysHandle, size: u64, resv: DevicePtr) -> bool {
         let span = self.span(va, size);
         if span.end - span.start == 1 {
             return match self.granules.entry(span.start) {
                 std::collections::hash_map::Entry::Occupied(_) => false,
                 std::collections::hash_map::Entry::Vacant(v) => {
-                    v.insert((va, phys, size));
+                    v.insert((va, phys, size, resv));
                     true
                 }
             };
@@ -173,15 +179,16 @@ impl Mappings {
             return false;
         }
         for g in span {
-            self.granules.insert(g, (va, phys, size));
+            self.granules.insert(g, (va, phys, size, resv));
         }
         true
     }
 
-    /// Removes the mapping that starts at `va`: its handle and size.
-    fn remove(&mut self, va: DevicePtr) -> Option<(PhysHandle, u64)> {
+    /// Removes the mapping that starts at `va`: its handle, size and
+    /// reservation.
+    fn remove(&mut self, va: DevicePtr) -> Option<(PhysHandle, u64, DevicePtr)> {
         let first = va / self.granularity;
-        let m @ (start, phys, size) = self.granules.remove(&first)?;
+        let m @ (start, phys, size, resv) = self.granules.remove(&first)?;
         if start != va {
             self.granules.insert(first, m);
             return None;
@@ -189,13 +196,16 @@ impl Mappings {
         for g in self.span(start, size).skip(1) {
             self.granules.remove(&g);
         }
-        Some((phys, size))
+        Some((phys, size, resv))
     }
 
     /// Every mapping once: (start, physical handle, size).
     fn iter(&self) -> impl Iterator<Item = (DevicePtr, PhysHandle, u64)> + '_ {
         let g = self.granularity;
-        self.granules.iter().filter(move |(&k, &(start, ..))| k == start / g).map(|(_, &m)| m)
+        self.granules
+            .iter()
+            .filter(move |(&k, &(start, ..))| k == start / g)
+            .map(|(_, &(va, phys, size, _))| (va, phys, size))
     }
 }
 
@@ -211,6 +221,7 @@ impl SimDevice {
             next_va: VA_BASE,
             segments: BTreeMap::new(),
             reservations: BTreeMap::new(),
+            resv_maps: FxHashMap::default(),
             last_reservation: None,
             physical: SeqMap::default(),
             next_phys: 1,
@@ -333,18 +344,27 @@ impl SimDevice {
             return Err("used exceeds capacity".into());
         }
         let mut maps: FxHashMap<u64, u32> = FxHashMap::default();
+        let mut in_resv: FxHashMap<DevicePtr, u64> = FxHashMap::default();
         for (va, ph, size) in self.mappings.iter() {
             let (&rbase, &rsize) = self
                 .reservations
                 .range(..=va)
                 .next_back()
                 .ok_or_else(|| format!("mapping {va:#x} outside any reservation"))?;
+            *in_resv.entry(rbase).or_default() += 1;
             if va + size > rbase + rsize {
                 return Err(format!("mapping {va:#x} overruns its reservation"));
             }
             match self.physical.get(&ph.0) {
                 Some(p) if p.size == size => *maps.entry(ph.0).or_default() += 1,
                 _ => return Err(format!("mapping {va:#x} refers to a bad physical allocation")),
+            }
+        }
+        for base in self.reservations.keys() {
+            let mapped = self.resv_maps.get(base).copied().unwrap_or(0);
+            let n = in_resv.get(base).copied().unwrap_or(0);
+            if mapped != n {
+                return Err(format!("reservation {base:#x} counts {mapped} mappings, holds {n}"));
             }
         }
         for (id, p) in &self.physical {
@@ -437,16 +457,19 @@ impl Device for SimDevice {
         }
         let va = self.take_va(bytes)?;
         self.reservations.insert(va, bytes);
+        self.resv_maps.insert(va, 0);
         Ok(va)
     }
 
     fn release_virtual(&mut self, va: DevicePtr) -> Result<(), DeviceError> {
-        let size =
-            *self.reservations.get(&va).ok_or_else(|| DeviceError::Invalid(format!("{va:#x} is not a reservation")))?;
-        if self.mappings.any_in(va, size) {
+        if !self.reservations.contains_key(&va) {
+            return Err(DeviceError::Invalid(format!("{va:#x} is not a reservation")));
+        }
+        if self.resv_maps.get(&va).is_some_and(|&n| n > 0) {
             return Err(DeviceError::Invalid(format!("reservation {va:#x} still has mappings")));
         }
         self.reservations.remove(&va);
+        self.resv_maps.remove(&va);
         if self.last_reservation.is_some_and(|(b, _)| b == va) {
             self.last_reservation = None;
         }
@@ -464,7 +487,7 @@ impl Device for SimDevice {
         if self.physical.capacity() == 0 {
             // Paging in use: room for a device's worth of pages at once
             // (growing the tables page by page dominated paged replays).
-            let pages = (self.cfg.capacity / self.cfg.granularity).clamp(64, 1 << 16) as usize;
+            let pages = (self.cfg.capacity / self.cfg.granularity).clamp(64, 1 << 12) as usize;
             self.physical.reserve(pages);
             self.mappings.granules.reserve(pages);
         }
@@ -519,19 +542,24 @@ impl Device for SimDevice {
                 None => return Err(DeviceError::Invalid(format!("{va:#x}+{size} is not inside a reservation"))),
             }
         }
-        if !self.mappings.insert(va, phys, size) {
+        let base = self.last_reservation.expect("found above").0;
+        if !self.mappings.insert(va, phys, size, base) {
             return Err(DeviceError::Invalid(format!("{va:#x}+{size} overlaps an existing mapping")));
         }
         p.maps += 1;
+        *self.resv_maps.entry(base).or_default() += 1;
         let c = self.cfg.cost.map_us;
         self.charge(c);
         Ok(())
     }
 
     fn unmap(&mut self, va: DevicePtr) -> Result<(), DeviceError> {
-        let (phys, _) =
+        let (phys, _, resv) =
             self.mappings.remove(va).ok_or_else(|| DeviceError::Invalid(format!("nothing is mapped at {va:#x}")))?;
         self.physical.get_mut(&phys.0).expect("mapped physical exists").maps -= 1;
+        if let Some(n) = self.resv_maps.get_mut(&resv) {
+            *n -= 1;
+        }
         let c = self.cfg.cost.map_us;
         self.charge(c);
         Ok(())
@@ -669,6 +697,32 @@ mod tests {
         d.release_physical(p2).unwrap();
         d.release_virtual(va).unwrap();
         assert_eq!(d.counters().used_bytes, 0);
+    }
+
+    #[test]
+    fn a_reservation_is_released_once_its_last_mapping_goes_whatever_its_neighbours_hold() {
+        let mut d = small(false);
+        let g = d.granularity();
+        let a = d.reserve_virtual(8 * g).unwrap();
+        let b = d.reserve_virtual(2 * g).unwrap();
+        let (p, q, r) = (d.create_physical(g).unwrap(), d.create_physical(g).unwrap(), d.create_physical(g).unwrap());
+        d.map(a, p).unwrap();
+        d.map(a + 7 * g, q).unwrap();
+        d.map(b, r).unwrap();
+        assert!(d.map(a + 7 * g, r).is_err(), "taken: a refused map counts nothing");
+        d.check_invariants().unwrap();
+        d.unmap(b).unwrap();
+        d.release_virtual(b).unwrap();
+        d.unmap(a).unwrap();
+        assert!(d.release_virtual(a).is_err(), "its last page is still mapped");
+        d.unmap(a + 7 * g).unwrap();
+        d.check_invariants().unwrap();
+        d.release_virtual(a).unwrap();
+        assert!(d.release_virtual(a).is_err(), "released already");
+        for h in [p, q, r] {
+            d.release_physical(h).unwrap();
+        }
+        d.check_invariants().unwrap();
     }
 
     #[test]
