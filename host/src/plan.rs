@@ -28,7 +28,17 @@
 //!   offset in its step's plan when that place is free
 //!   ([`wasmem_plan_core::place_hinted`]), else at the best-fitting gap: the
 //!   largest step keeps its layout, the others fit around what crosses into
-//!   them.
+//!   them;
+//! - [`Composition::Cycle`] (traces whose steps repeat, one at a time or in
+//!   windows of up to [`MAX_CYCLE_STEPS`]): where every window after the
+//!   first repeats the second — the same requests, each freed at the same
+//!   time in its window or in the next one (an output kept until the next
+//!   step replaces it) — the second window is planned as a cycle (a
+//!   request freed in the next window wraps to its start, as online plans
+//!   are), every later window placed at the same offsets, above the
+//!   tensors the first window leaves for good; the first window and a last,
+//!   partial one fit around them. Steps that keep a tensor into the next
+//!   one cannot be composed step by step without moving it.
 
 use std::hash::{Hash, Hasher};
 use std::time::Instant;
@@ -82,6 +92,8 @@ pub enum Composition {
     Floor,
     /// The plans of the steps, composed.
     Steps,
+    /// One plan of a repeating window of steps, as a cycle, for every window.
+    Cycle,
 }
 
 impl Composition {
@@ -91,6 +103,7 @@ impl Composition {
             Composition::Whole => "whole",
             Composition::Floor => "floor",
             Composition::Steps => "steps",
+            Composition::Cycle => "cycle",
         }
     }
 }
@@ -98,6 +111,9 @@ impl Composition {
 /// Most distinct step profiles [`Composition::Steps`] plans (the largest
 /// by live bytes); the other steps are placed after them without hints.
 pub const MAX_STEP_PLANS: usize = 64;
+
+/// Most steps a window of [`Composition::Cycle`] holds.
+pub const MAX_CYCLE_STEPS: usize = 4;
 
 /// Most entries the step profiles of [`Composition::Steps`] hold in all
 /// (a request counts once in each step it is live in: parameters in every
@@ -194,6 +210,11 @@ pub fn plan_offline(w: &Workload, planner: &mut dyn PlannerPolicy) -> Result<Off
             }
         }
     }
+    if plan.arena_bytes > lower_bound && windows.len() > 2 {
+        if let Some(p) = parts.by_cycle(&profile.requests, &windows).filter(|p| p.arena_bytes < plan.arena_bytes) {
+            (plan, composition) = (p, Composition::Cycle);
+        }
+    }
     let plan_seconds = t0.elapsed().as_secs_f64();
     let arena = plan.arena_bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
     Ok(OfflinePlan {
@@ -256,6 +277,46 @@ fn step_requests(reqs: &[PlanRequest], windows: &[(u32, u32)], max: usize) -> Op
         before = c0..c1;
     }
     Some(idxs)
+}
+
+/// Where a request of a window of [`Composition::Cycle`] ends, relative to
+/// its window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WindowEnd {
+    /// Freed within it: the index of the window's first request allocated
+    /// after the free (its length: at its end).
+    In(u32),
+    /// Freed in the next window: the index there, as `wraps_to`.
+    Wrap(u32),
+    /// Never freed, in one of the workload's last two windows (it lives to
+    /// the end: the last window's, or the last window holds no instance of
+    /// it to replace it).
+    Never,
+}
+
+impl WindowEnd {
+    /// The time it ends, counted from its window's start (`m`: the
+    /// window's length).
+    fn at(self, m: u32) -> u64 {
+        match self {
+            WindowEnd::In(e) => u64::from(e),
+            WindowEnd::Wrap(w) => u64::from(m) + u64::from(w),
+            WindowEnd::Never => u64::from(m),
+        }
+    }
+}
+
+/// The end of request `k` of the window `[c0, c1)` whose next window ends
+/// at `next_end` (`None`: the last window) in a workload of `n` requests;
+/// `None` when it outlives the next window.
+fn window_end(r: &PlanRequest, k: u32, (c0, c1): (u32, u32), next_end: Option<u32>, n: u32) -> Option<WindowEnd> {
+    let f = r.freed_at.unwrap_or(n);
+    match next_end {
+        _ if f >= n && next_end.is_none_or(|e| e >= n) => Some(WindowEnd::Never),
+        _ if f <= c1 => Some(WindowEnd::In(f.clamp(k + 1, c1) - c0)),
+        Some(e) if f <= e => Some(WindowEnd::Wrap(f - c1)),
+        _ => None,
+    }
 }
 
 /// The planner, asked for plans of parts of a workload.
@@ -342,6 +403,102 @@ impl Parts<'_> {
             offsets[k as usize] = Some(top.checked_add((*off)?)?);
         }
         Some(Plan { arena_bytes: top.checked_add(above.arena_bytes)?, offsets })
+    }
+
+    /// [`Composition::Cycle`] of `reqs` cut into `steps`: the cheapest over
+    /// windows of 1 to [`MAX_CYCLE_STEPS`] steps; `None` when no window
+    /// repeats (or the planner plans none).
+    fn by_cycle(&mut self, reqs: &[PlanRequest], steps: &[(u32, u32)]) -> Option<Plan> {
+        let mut best: Option<Plan> = None;
+        for p in 1..=MAX_CYCLE_STEPS {
+            if let Some(plan) = self.cycle_of(reqs, steps, p) {
+                if best.as_ref().is_none_or(|b| plan.arena_bytes < b.arena_bytes) {
+                    best = Some(plan);
+                }
+            }
+        }
+        best
+    }
+
+    /// [`Composition::Cycle`] with windows of `p` steps: `None` when fewer
+    /// than two windows follow the first, when they do not all repeat the
+    /// second (the last may end every request it holds: the workload ends),
+    /// when a request of one of them outlives the next window or two
+    /// instances of one are live at once, or when the composed plan is not
+    /// valid.
+    fn cycle_of(&mut self, reqs: &[PlanRequest], steps: &[(u32, u32)], p: usize) -> Option<Plan> {
+        let n = reqs.len() as u32;
+        let windows: Vec<(u32, u32)> = steps.chunks(p).map(|c| (c[0].0, c[c.len() - 1].1)).collect();
+        // A last window of fewer steps is a tail, placed like the first.
+        let full = if steps.len().is_multiple_of(p) { windows.len() } else { windows.len() - 1 };
+        if full < 3 {
+            return None;
+        }
+        let (s0, s1) = windows[1];
+        let m = s1 - s0;
+        let ends = |w: usize| -> Option<Vec<WindowEnd>> {
+            let (c0, c1) = windows[w];
+            let next = windows.get(w + 1).map(|x| x.1);
+            (c0..c1).map(|k| window_end(&reqs[k as usize], k, (c0, c1), next, n)).collect()
+        };
+        let shape = |k: u32| {
+            let r = &reqs[k as usize];
+            (r.bytes, r.kind, r.stream)
+        };
+        let cycle = ends(1)?;
+        for (w, &(c0, c1)) in windows.iter().enumerate().take(full).skip(2) {
+            if c1 - c0 != m || (0..m).any(|i| shape(c0 + i) != shape(s0 + i)) {
+                return None;
+            }
+            // (A request may end sooner than in the second window: it
+            // still fits its place; the last window ends every request.)
+            let e = ends(w)?;
+            if !e.iter().zip(&cycle).all(|(a, b)| a.at(m) <= b.at(m)) {
+                return None;
+            }
+        }
+        // The second window as a cycle (a request freed in the next window
+        // wraps to its start: its next instance takes its place after it).
+        let mut profile = Vec::with_capacity(m as usize);
+        for (i, end) in cycle.iter().enumerate() {
+            let r = reqs[s0 as usize + i];
+            let (freed_at, wraps_to) = match *end {
+                WindowEnd::In(e) => (Some(e.clamp(i as u32 + 1, m)), None),
+                WindowEnd::Wrap(w) if w <= i as u32 => (None, Some(w)),
+                _ => return None,
+            };
+            profile.push(PlanRequest { freed_at, wraps_to, ..r });
+        }
+        let cyc = self.ask(&profile).ok()?;
+        // The first window's tensors that never leave at the bottom, in
+        // allocation order; the windows that repeat at their cycle's
+        // offsets above them; then the first window's other requests and a
+        // tail, hinted at the offsets of the requests of the second window
+        // they line up with (the first from its end: it begins with the
+        // model's setup; a tail from its start), where those are free.
+        let (f0, f1) = windows[0];
+        let mut order: Vec<(u32, Option<u64>)> = Vec::with_capacity(reqs.len());
+        let mut top = 0u64;
+        for k in (f0..f1).filter(|&k| reqs[k as usize].freed_at.is_none_or(|f| f >= n)) {
+            order.push((k, Some(top)));
+            top = top.checked_add(reqs[k as usize].planned_bytes())?;
+        }
+        let at = |i: u32| cyc.offsets[i as usize].and_then(|o| o.checked_add(top));
+        for &(c0, c1) in &windows[1..full] {
+            order.extend((c0..c1).map(|k| (k, at(k - c0))));
+        }
+        let first: Vec<u32> = (f0..f1).filter(|&k| reqs[k as usize].freed_at.is_some_and(|f| f < n)).collect();
+        let len = first.len() as u32;
+        for (j, &k) in first.iter().enumerate() {
+            let i = (m + j as u32).checked_sub(len).filter(|&i| shape(s0 + i) == shape(k));
+            order.push((k, i.and_then(at)));
+        }
+        if let Some(&(c0, c1)) = windows.get(full) {
+            order.extend(
+                (c0..c1).map(|k| (k, Some(k - c0).filter(|&i| i < m && shape(s0 + i) == shape(k)).and_then(at))),
+            );
+        }
+        placed(reqs, &order)
     }
 
     /// [`Composition::Steps`] of `reqs` cut into `windows`: `None` when
@@ -431,13 +588,20 @@ impl Parts<'_> {
                 }
             }
         }
-        let core: Vec<wasmem_plan_core::Request> = reqs.iter().map(|r| r.core()).collect();
-        let p = wasmem_plan_core::place_hinted(&core, &order);
-        let plan = Plan { arena_bytes: p.arena_bytes, offsets: p.offsets };
-        let complete = plan.offsets.iter().all(Option::is_some);
-        let profile = StepProfile { step: 0, requests: reqs.to_vec() };
-        (complete && validate_plan(&profile, &plan, u64::MAX).is_ok()).then_some(plan)
+        placed(reqs, &order)
     }
+}
+
+/// `reqs` placed in `order` at their hints where free
+/// ([`wasmem_plan_core::place_hinted`]): `None` unless every request is
+/// placed and the plan is valid.
+fn placed(reqs: &[PlanRequest], order: &[(u32, Option<u64>)]) -> Option<Plan> {
+    let core: Vec<wasmem_plan_core::Request> = reqs.iter().map(|r| r.core()).collect();
+    let p = wasmem_plan_core::place_hinted(&core, order);
+    let plan = Plan { arena_bytes: p.arena_bytes, offsets: p.offsets };
+    let complete = plan.offsets.iter().all(Option::is_some);
+    let profile = StepProfile { step: 0, requests: reqs.to_vec() };
+    (complete && validate_plan(&profile, &plan, u64::MAX).is_ok()).then_some(plan)
 }
 
 #[cfg(test)]
@@ -545,6 +709,82 @@ mod tests {
             assert!(a.requests.len() < profile.requests.len());
             assert!(a.requests.iter().enumerate().all(|(k, r)| r.freed_at.is_some_and(|f| f as usize > k)));
         }
+    }
+
+    /// A loop that keeps each step's output until the next step's output
+    /// is made (`prev = model(x)`): `steps` steps after a first one that
+    /// also makes the parameters. Returns the events.
+    fn kept_output_loop(steps: u64) -> Vec<Event> {
+        let step_end = |s: u64| Event::Phase { phase: Phase::StepEnd, step: s };
+        let mut ev = vec![alloc(1, 4096)];
+        let mut id = 2;
+        let mut prev: Option<u64> = None;
+        for s in 0..steps {
+            let (a, b, out, g) = (id, id + 1, id + 2, id + 3);
+            id += 4;
+            ev.extend([alloc(a, 8192), alloc(b, 12288), alloc(out, 16384), free(a)]);
+            ev.extend(prev.map(free));
+            ev.extend([free(b), alloc(g, 20480), free(g), step_end(s)]);
+            prev = Some(out);
+        }
+        ev
+    }
+
+    #[test]
+    fn a_loop_that_keeps_its_output_into_the_next_step_is_planned_as_a_cycle() {
+        // Each output lives into the next step past the allocation of its
+        // next instance: composed step by step, each later step finds the
+        // place its plan gives the output taken by the previous output.
+        // Two steps as a cycle (one instance of the output wraps to the
+        // next window's start) reach the live bound.
+        let w = Workload::from_events("kept", kept_output_loop(9));
+        let profile = whole(&w);
+        let cuts: Vec<u32> = (1..=9).map(|s| 1 + 4 * s).collect();
+        let windows = steps(profile.requests.len() as u32, &cuts);
+        assert_eq!(windows.len(), 9, "{windows:?}");
+        let all: Vec<Option<u64>> = vec![Some(0); profile.requests.len()];
+        let bound = crate::decision::cycle_live(&profile.requests, &all).into_iter().max().unwrap();
+        let mut planner = GreedyPlanner::default();
+        let mut parts = Parts { planner: &mut planner, ctx: PolicyContext::default() };
+        let by_steps = parts.by_steps(&profile.requests, &windows).unwrap();
+        assert!(by_steps.arena_bytes > bound, "steps {} bound {bound}", by_steps.arena_bytes);
+        let cycle = parts.by_cycle(&profile.requests, &windows).unwrap();
+        assert_eq!(cycle.arena_bytes, bound);
+        validate_plan(&profile, &cycle, u64::MAX).unwrap();
+        // Too few windows (the first and two that repeat): no cycle.
+        assert!(parts.by_cycle(&profile.requests, &windows[..4]).is_none());
+        let p = plan_offline(&w, &mut GreedyPlanner::default()).unwrap();
+        assert_eq!(p.arena_bytes, p.lower_bound_bytes, "{p:?}");
+        assert_eq!(Composition::Cycle.name(), "cycle");
+    }
+
+    #[test]
+    fn windows_that_do_not_repeat_are_not_planned_as_a_cycle() {
+        // The kept-output loop with a larger temporary in its sixth step:
+        // no window of 1 to 4 steps repeats from the second on (windows of
+        // three: steps 3–5 hold it, 6–8 do not; of four: too few).
+        let mut ev = kept_output_loop(9);
+        let temps: Vec<usize> = ev
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| matches!(e, Event::Alloc { bytes: 20480, .. }))
+            .map(|(i, _)| i)
+            .collect();
+        if let Event::Alloc { bytes, .. } = &mut ev[temps[5]] {
+            *bytes = 40960;
+        }
+        let w = Workload::from_events("odd", ev);
+        let profile = whole(&w);
+        let cuts: Vec<u32> = (1..=9).map(|s| 1 + 4 * s).collect();
+        let windows = steps(profile.requests.len() as u32, &cuts);
+        let mut planner = GreedyPlanner::default();
+        let mut parts = Parts { planner: &mut planner, ctx: PolicyContext::default() };
+        assert!(parts.by_cycle(&profile.requests, &windows).is_none());
+        // The same loop without the odd step is one.
+        let even = whole(&Workload::from_events("even", kept_output_loop(9)));
+        assert!(parts.by_cycle(&even.requests, &windows).is_some());
+        let p = plan_offline(&w, &mut GreedyPlanner::default()).unwrap();
+        assert_ne!(p.composition, Composition::Cycle, "{p:?}");
     }
 
     /// A planner that plans the first profile greedily and fails, or
