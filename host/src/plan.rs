@@ -46,12 +46,14 @@ use std::time::Instant;
 use rustc_hash::FxHashMap;
 
 use crate::decision::{
-    validate_plan, Plan, PlanRequest, PlannerPolicy, PolicyContext, PolicyError, StepProfile, PLAN_ALIGN,
+    validate_aliased, validate_plan, Plan, PlanRequest, PlannerPolicy, PolicyContext, PolicyError, StepProfile,
+    PLAN_ALIGN,
 };
 use crate::trace::Event;
 use crate::types::Phase;
 use crate::types::StreamId;
 use crate::workload::{Workload, WorkloadError};
+use wasmem_plan_core::PAGE as ALIASED_PAGE;
 
 /// The offline plan of a workload and what it reaches.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -94,6 +96,10 @@ pub enum Composition {
     Steps,
     /// One plan of a repeating window of steps, as a cycle, for every window.
     Cycle,
+    /// [`Composition::Cycle`] with a window of two like steps planned in an
+    /// aliased arena (one memory at two virtual windows, as online plans of
+    /// a loop that keeps its output are): the physical memory it needs.
+    AliasedCycle,
 }
 
 impl Composition {
@@ -104,6 +110,7 @@ impl Composition {
             Composition::Floor => "floor",
             Composition::Steps => "steps",
             Composition::Cycle => "cycle",
+            Composition::AliasedCycle => "aliased cycle",
         }
     }
 }
@@ -210,13 +217,14 @@ pub fn plan_offline(w: &Workload, planner: &mut dyn PlannerPolicy) -> Result<Off
             }
         }
     }
-    if plan.arena_bytes > lower_bound && windows.len() > 2 {
-        if let Some(p) = parts.by_cycle(&profile.requests, &windows).filter(|p| p.arena_bytes < plan.arena_bytes) {
-            (plan, composition) = (p, Composition::Cycle);
+    let mut arena = plan.arena_bytes;
+    if arena > lower_bound && windows.len() > 2 {
+        if let Some((a, how)) = parts.by_cycle(&profile.requests, &windows).filter(|&(a, _)| a < arena) {
+            (arena, composition) = (a, how);
         }
     }
     let plan_seconds = t0.elapsed().as_secs_f64();
-    let arena = plan.arena_bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
+    let arena = arena.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
     Ok(OfflinePlan {
         trace: w.name().to_string(),
         planner: name,
@@ -405,15 +413,16 @@ impl Parts<'_> {
         Some(Plan { arena_bytes: top.checked_add(above.arena_bytes)?, offsets })
     }
 
-    /// [`Composition::Cycle`] of `reqs` cut into `steps`: the cheapest over
-    /// windows of 1 to [`MAX_CYCLE_STEPS`] steps; `None` when no window
-    /// repeats (or the planner plans none).
-    fn by_cycle(&mut self, reqs: &[PlanRequest], steps: &[(u32, u32)]) -> Option<Plan> {
-        let mut best: Option<Plan> = None;
+    /// [`Composition::Cycle`] (or [`Composition::AliasedCycle`]) of `reqs`
+    /// cut into `steps`: the least memory over windows of 1 to
+    /// [`MAX_CYCLE_STEPS`] steps, and how; `None` when no window repeats
+    /// (or the planner plans none).
+    fn by_cycle(&mut self, reqs: &[PlanRequest], steps: &[(u32, u32)]) -> Option<(u64, Composition)> {
+        let mut best: Option<(u64, Composition)> = None;
         for p in 1..=MAX_CYCLE_STEPS {
-            if let Some(plan) = self.cycle_of(reqs, steps, p) {
-                if best.as_ref().is_none_or(|b| plan.arena_bytes < b.arena_bytes) {
-                    best = Some(plan);
+            for found in self.cycle_of(reqs, steps, p).into_iter().flatten().flatten() {
+                if best.is_none_or(|(b, _)| found.0 < b) {
+                    best = Some(found);
                 }
             }
         }
@@ -425,8 +434,15 @@ impl Parts<'_> {
     /// second (the last may end every request it holds: the workload ends),
     /// when a request of one of them outlives the next window or two
     /// instances of one are live at once, or when the composed plan is not
-    /// valid.
-    fn cycle_of(&mut self, reqs: &[PlanRequest], steps: &[(u32, u32)], p: usize) -> Option<Plan> {
+    /// valid. With the window's plain plan, its aliased plan when the
+    /// planner makes one (a window of two like steps): the physical memory
+    /// each composition needs.
+    fn cycle_of(
+        &mut self,
+        reqs: &[PlanRequest],
+        steps: &[(u32, u32)],
+        p: usize,
+    ) -> Option<[Option<(u64, Composition)>; 2]> {
         let n = reqs.len() as u32;
         let windows: Vec<(u32, u32)> = steps.chunks(p).map(|c| (c[0].0, c[c.len() - 1].1)).collect();
         // A last window of fewer steps is a tail, placed like the first.
@@ -470,6 +486,11 @@ impl Parts<'_> {
             profile.push(PlanRequest { freed_at, wraps_to, ..r });
         }
         let cyc = self.ask(&profile).ok()?;
+        let window = StepProfile { step: 0, requests: profile };
+        let aliased = match self.planner.plan_aliased(&window, &self.ctx) {
+            Ok(Some(a)) if validate_aliased(&window, &a, ALIASED_PAGE, u64::MAX).is_ok() => Some(a),
+            _ => None,
+        };
         // The first window's tensors that never leave at the bottom, in
         // allocation order; the windows that repeat at their cycle's
         // offsets above them; then the first window's other requests and a
@@ -483,22 +504,59 @@ impl Parts<'_> {
             order.push((k, Some(top)));
             top = top.checked_add(reqs[k as usize].planned_bytes())?;
         }
-        let at = |i: u32| cyc.offsets[i as usize].and_then(|o| o.checked_add(top));
-        for &(c0, c1) in &windows[1..full] {
-            order.extend((c0..c1).map(|k| (k, at(k - c0))));
-        }
+        let floor = order.len();
+        let repeating: Vec<(u32, u32)> =
+            windows[1..full].iter().flat_map(|&(c0, c1)| (c0..c1).map(move |k| (k, k - c0))).collect();
+        // The first window's other requests and a tail, each with the
+        // request of the second window it lines up with.
         let first: Vec<u32> = (f0..f1).filter(|&k| reqs[k as usize].freed_at.is_some_and(|f| f < n)).collect();
         let len = first.len() as u32;
-        for (j, &k) in first.iter().enumerate() {
-            let i = (m + j as u32).checked_sub(len).filter(|&i| shape(s0 + i) == shape(k));
-            order.push((k, i.and_then(at)));
-        }
+        let mut around: Vec<(u32, Option<u32>)> = first
+            .iter()
+            .enumerate()
+            .map(|(j, &k)| (k, (m + j as u32).checked_sub(len).filter(|&i| shape(s0 + i) == shape(k))))
+            .collect();
         if let Some(&(c0, c1)) = windows.get(full) {
-            order.extend(
-                (c0..c1).map(|k| (k, Some(k - c0).filter(|&i| i < m && shape(s0 + i) == shape(k)).and_then(at))),
-            );
+            around.extend((c0..c1).map(|k| (k, Some(k - c0).filter(|&i| i < m && shape(s0 + i) == shape(k)))));
         }
-        placed(reqs, &order)
+        let at = |i: u32| cyc.offsets[i as usize].and_then(|o| o.checked_add(top));
+        order.extend(repeating.iter().map(|&(k, i)| (k, at(i))));
+        order.extend(around.iter().map(|&(k, i)| (k, i.and_then(at))));
+        let plain = placed(reqs, &order).map(|p| (p.arena_bytes, Composition::Cycle));
+        // Aliased: the repeating windows' requests lie in the physical
+        // pieces of their window (the second step's through the zone
+        // swap); the first window and a tail in the pieces of the requests
+        // they line up with where all of those are free (they then run in
+        // the windows as the others do: the first window's output kept
+        // into the second lies where the second expects its previous
+        // instance), else whole where they fit, in physical memory.
+        let aliased = aliased.and_then(|a| {
+            let mut pieces = Vec::with_capacity(3);
+            let mut phys = |i: u32| -> Vec<(u64, u64)> {
+                pieces.clear();
+                if let Some(off) = a.offsets[i as usize] {
+                    a.physical(i as usize, m as usize, off, reqs[(s0 + i) as usize].planned_bytes(), &mut pieces);
+                }
+                pieces.iter().map(|&(o, e)| (o + top, e + top)).collect()
+            };
+            let mut fixed: Vec<Vec<(u64, u64)>> = vec![Vec::new(); reqs.len()];
+            let mut pinned = vec![false; reqs.len()];
+            for &(k, i) in &repeating {
+                fixed[k as usize] = phys(i);
+                pinned[k as usize] = true;
+            }
+            for &(k, i) in &around {
+                fixed[k as usize] = i.map(&mut phys).unwrap_or_default();
+            }
+            // The pieces first; a request the aliased plan leaves goes where
+            // it fits.
+            let mut order: Vec<(u32, Option<u64>)> = order[..floor].to_vec();
+            let (held, left): (Vec<u32>, Vec<u32>) =
+                repeating.iter().map(|&(k, _)| k).partition(|&k| !fixed[k as usize].is_empty());
+            order.extend(held.into_iter().chain(left).chain(around.iter().map(|&(k, _)| k)).map(|k| (k, None)));
+            placed_in_pieces(reqs, &fixed, &pinned, &order).map(|arena| (arena, Composition::AliasedCycle))
+        });
+        Some([plain, aliased])
     }
 
     /// [`Composition::Steps`] of `reqs` cut into `windows`: `None` when
@@ -590,6 +648,70 @@ impl Parts<'_> {
         }
         placed(reqs, &order)
     }
+}
+
+/// The physical memory `reqs` need with the requests `pieces` names (a
+/// nonempty entry) lying in those pieces (each over its request's
+/// lifetime), the others placed in `order` at their hints where free, else
+/// where they fit (`order` lists each request once). A request with
+/// `pinned` pieces must get them; one whose pieces are only wished for
+/// gets them all, or else is placed whole where it fits (its pieces are of
+/// one virtual range: a request cannot lie in some of them). `None` unless
+/// every request is placed and no two that live at once share a byte.
+/// Each piece is one request of an expanded profile (a request's pieces
+/// one after the other, nothing between them).
+fn placed_in_pieces(
+    reqs: &[PlanRequest],
+    pieces: &[Vec<(u64, u64)>],
+    pinned: &[bool],
+    order: &[(u32, Option<u64>)],
+) -> Option<u64> {
+    let n = reqs.len();
+    let mut pieces = pieces.to_vec();
+    // A few rounds: each drops the wished-for pieces that did not all fit.
+    for _ in 0..4 {
+        let mut idx = Vec::with_capacity(n + 1);
+        let mut t = 0u32;
+        for f in &pieces {
+            idx.push(t);
+            t = t.checked_add(f.len().max(1) as u32)?;
+        }
+        idx.push(t);
+        let mut expanded = Vec::with_capacity(t as usize);
+        for (k, (r, f)) in reqs.iter().zip(&pieces).enumerate() {
+            let end = idx[r.freed_at.map_or(n, |f| (f as usize).min(n))];
+            let sizes: Vec<u64> = if f.is_empty() { vec![r.bytes] } else { f.iter().map(|&(o, e)| e - o).collect() };
+            for (j, bytes) in sizes.into_iter().enumerate() {
+                let at = idx[k] + j as u32;
+                expanded.push(PlanRequest { bytes, freed_at: Some(end.max(at + 1)), wraps_to: None, ..*r });
+            }
+        }
+        let mut out: Vec<(u32, Option<u64>)> = Vec::with_capacity(t as usize);
+        for &(k, hint) in order {
+            let f = &pieces[k as usize];
+            if f.is_empty() {
+                out.push((idx[k as usize], hint));
+            } else {
+                out.extend(f.iter().enumerate().map(|(j, &(o, _))| (idx[k as usize] + j as u32, Some(o))));
+            }
+        }
+        let plan = placed(&expanded, &out)?;
+        let moved: Vec<usize> = (0..n)
+            .filter(|&k| {
+                pieces[k].iter().enumerate().any(|(j, &(o, _))| plan.offsets[(idx[k] + j as u32) as usize] != Some(o))
+            })
+            .collect();
+        if moved.is_empty() {
+            return Some(plan.arena_bytes);
+        }
+        if moved.iter().any(|&k| pinned[k]) {
+            return None;
+        }
+        for k in moved {
+            pieces[k].clear();
+        }
+    }
+    None
 }
 
 /// `reqs` placed in `order` at their hints where free
@@ -730,6 +852,18 @@ mod tests {
         ev
     }
 
+    /// The whole of `w` (a first request, then steps of `per` requests):
+    /// its profile, its steps and its live bound.
+    fn stepped(w: &Workload, per: u32) -> (StepProfile, Vec<(u32, u32)>, u64) {
+        let profile = whole(w);
+        let n = profile.requests.len() as u32;
+        let cuts: Vec<u32> = (1..).map(|s| 1 + per * s).take_while(|&c| c <= n).collect();
+        let all: Vec<Option<u64>> = vec![Some(0); profile.requests.len()];
+        let bound = crate::decision::cycle_live(&profile.requests, &all).into_iter().max().unwrap();
+        let windows = steps(n, &cuts);
+        (profile, windows, bound)
+    }
+
     #[test]
     fn a_loop_that_keeps_its_output_into_the_next_step_is_planned_as_a_cycle() {
         // Each output lives into the next step past the allocation of its
@@ -738,24 +872,77 @@ mod tests {
         // Two steps as a cycle (one instance of the output wraps to the
         // next window's start) reach the live bound.
         let w = Workload::from_events("kept", kept_output_loop(9));
-        let profile = whole(&w);
-        let cuts: Vec<u32> = (1..=9).map(|s| 1 + 4 * s).collect();
-        let windows = steps(profile.requests.len() as u32, &cuts);
+        let (profile, windows, bound) = stepped(&w, 4);
         assert_eq!(windows.len(), 9, "{windows:?}");
-        let all: Vec<Option<u64>> = vec![Some(0); profile.requests.len()];
-        let bound = crate::decision::cycle_live(&profile.requests, &all).into_iter().max().unwrap();
         let mut planner = GreedyPlanner::default();
         let mut parts = Parts { planner: &mut planner, ctx: PolicyContext::default() };
         let by_steps = parts.by_steps(&profile.requests, &windows).unwrap();
         assert!(by_steps.arena_bytes > bound, "steps {} bound {bound}", by_steps.arena_bytes);
-        let cycle = parts.by_cycle(&profile.requests, &windows).unwrap();
-        assert_eq!(cycle.arena_bytes, bound);
-        validate_plan(&profile, &cycle, u64::MAX).unwrap();
+        let (arena, how) = parts.by_cycle(&profile.requests, &windows).unwrap();
+        assert_eq!((arena, how), (bound, Composition::Cycle));
         // Too few windows (the first and two that repeat): no cycle.
         assert!(parts.by_cycle(&profile.requests, &windows[..4]).is_none());
         let p = plan_offline(&w, &mut GreedyPlanner::default()).unwrap();
         assert_eq!(p.arena_bytes, p.lower_bound_bytes, "{p:?}");
         assert_eq!(Composition::Cycle.name(), "cycle");
+    }
+
+    /// A training loop (MiB-sized tensors) that keeps each step's output
+    /// until after the next step's peak, `steps` steps.
+    fn kept_past_the_peak(steps: u64) -> Vec<Event> {
+        const M: u64 = 1 << 20;
+        let step_end = |s: u64| Event::Phase { phase: Phase::StepEnd, step: s };
+        let mut ev = vec![alloc(1, 8 * M)];
+        let mut id = 2;
+        let mut prev: Option<u64> = None;
+        for s in 0..steps {
+            let (x, h, out, t, g) = (id, id + 1, id + 2, id + 3, id + 4);
+            id += 5;
+            ev.extend([alloc(x, 4 * M), alloc(h, 20 * M), alloc(out, 16 * M), alloc(t, 24 * M), free(t)]);
+            ev.extend([alloc(g, 20 * M), free(h), free(g)]);
+            ev.extend(prev.map(free));
+            ev.extend([free(x), step_end(s)]);
+            prev = Some(out);
+        }
+        ev
+    }
+
+    #[test]
+    fn a_window_of_two_like_steps_is_also_composed_in_an_aliased_arena() {
+        // Each output lives past the next step's peak. The window of two
+        // steps planned in an aliased arena (its second step's output in a
+        // zone the next window's first step sees swapped), the first window
+        // in the pieces of the requests it lines up with: the live bound,
+        // in physical memory, as the plain cycle.
+        let (profile, windows, bound) = stepped(&Workload::from_events("kept", kept_past_the_peak(9)), 5);
+        let mut planner = GreedyPlanner::default();
+        let mut parts = Parts { planner: &mut planner, ctx: PolicyContext::default() };
+        let [plain, aliased] = parts.cycle_of(&profile.requests, &windows, 2).unwrap();
+        assert_eq!(plain, Some((bound, Composition::Cycle)));
+        assert_eq!(aliased, Some((bound, Composition::AliasedCycle)));
+        // One step at a time, two instances of the output live at once: no cycle.
+        assert!(parts.cycle_of(&profile.requests, &windows, 1).is_none());
+        assert_eq!(Composition::AliasedCycle.name(), "aliased cycle");
+    }
+
+    #[test]
+    fn pinned_pieces_that_meet_refuse_the_composition_and_wished_ones_give_way() {
+        let r = |bytes: u64, freed_at: u32| PlanRequest {
+            bytes,
+            kind: crate::types::TensorKind::Activation,
+            stream: StreamId(0),
+            freed_at: Some(freed_at),
+            wraps_to: None,
+        };
+        // Two requests live at once.
+        let reqs = [r(1024, 2), r(1024, 2)];
+        let order = [(0, None), (1, None)];
+        let apart = vec![vec![(0, 512), (2048, 2560)], vec![(512, 1536)]];
+        assert_eq!(placed_in_pieces(&reqs, &apart, &[true, true], &order), Some(2560));
+        let meet = vec![vec![(0, 512), (512, 1024)], vec![(512, 1536)]];
+        assert_eq!(placed_in_pieces(&reqs, &meet, &[true, true], &order), None);
+        // Wished for: the second is placed whole where it fits instead.
+        assert_eq!(placed_in_pieces(&reqs, &meet, &[true, false], &order), Some(2048));
     }
 
     #[test]
@@ -774,9 +961,7 @@ mod tests {
             *bytes = 40960;
         }
         let w = Workload::from_events("odd", ev);
-        let profile = whole(&w);
-        let cuts: Vec<u32> = (1..=9).map(|s| 1 + 4 * s).collect();
-        let windows = steps(profile.requests.len() as u32, &cuts);
+        let (profile, windows, _) = stepped(&w, 4);
         let mut planner = GreedyPlanner::default();
         let mut parts = Parts { planner: &mut planner, ctx: PolicyContext::default() };
         assert!(parts.by_cycle(&profile.requests, &windows).is_none());
