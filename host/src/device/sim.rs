@@ -5,7 +5,10 @@
 //! - segments, reservations and mappings never overlap (addresses come from a
 //!   bump pointer and are never reused);
 //! - every mapping lies inside one reservation and refers to one physical
-//!   allocation, which is mapped at most once;
+//!   allocation (one allocation may be mapped at several addresses:
+//!   aliases), whose count of mappings is exact;
+//! - each reservation counts the mappings inside it (a release checks that
+//!   count, not the reservation's granules);
 //! - mappings are indexed by granule: each granule a mapping covers names
 //!   that mapping, and no other granule does (map, unmap and lookups are a
 //!   few hash operations, whatever the number of mappings).
