@@ -5,7 +5,7 @@
 //! backing (no device memory, no host copy of any byte) whose capacity is the
 //! primary's. It consumes the primary's events ([`Event`]: alloc with a trace
 //! id, free, use, phase) exactly as a replay does, maps trace ids to its own
-//! [`TensorId`]s, and so reports the metrics the shadow policy *would* have
+//! [`TensorId`](crate::types::TensorId)s, and so reports the metrics the shadow policy *would* have
 //! had on the same run.
 //!
 //! Invariants:

@@ -47,7 +47,7 @@ pub use wasmem_plan_core::GREEDY_WORK;
 /// pause at the steps that plan is welcome (`planned?effort=K`, e.g.
 /// `wasmem plan` and planning ahead from a recording).
 ///
-/// It keeps the search of its last [`MAX_SEARCHES`] plans
+/// It keeps the search of its last `MAX_SEARCHES` plans
 /// ([`wasmem_plan_core::Refiner`]), which [`PlannerPolicy::refine`] goes on
 /// with, one budget a call (unless `planned?refine=off`: no search at
 /// step ends).

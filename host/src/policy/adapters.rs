@@ -2,7 +2,7 @@
 //! [`WasmReclamation`], [`WasmEviction`], and [`WasmPlanner`] (WIT 0.3.0).
 //!
 //! Each calls the export under the sandbox limits through the instance's
-//! version-independent [`Guests`](super::guests) (which convert the engine's
+//! version-independent `Guests` (`super::guests`, which convert the engine's
 //! values to the WIT mirrors of the component's version and back). Nothing is
 //! validated here: the engine validates every decision and falls back to its
 //! default on an invalid one or on an error. Eviction candidates cross the

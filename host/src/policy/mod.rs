@@ -22,7 +22,7 @@
 //! copies in `wit/compat/`, 0.4.0 from `wit/`), `guests` (the exports of any version behind one
 //! set of native calls), `loader` (exports, version, `InstancePre`), `instance` (store, calls,
 //! re-instantiation), `sandbox` (memory cap, WASI, failure classification),
-//! `host` (imports), [`adapters`] (the traits), [`check`],
+//! `host` (imports), [`adapters`] (the traits), [`check`](mod@check),
 //! [`resolve`](mod@resolve). Module order (no cycle): `adapters` → `instance`
 //! → `loader` → `config`.
 //!

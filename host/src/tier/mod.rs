@@ -10,7 +10,7 @@
 //! This module holds what is *not* on the device: [`TierState`] keeps one
 //! [`Offloaded`] entry per tensor that lives on the host or on disk (by
 //! handle slot), the host-tier byte count against its capacity, the
-//! [`DiskTier`](disk::DiskTier) and the counters. The allocator
+//! [`DiskTier`] and the counters. The allocator
 //! (`alloc::tiering`) decides when to move what and keeps the handle table's
 //! `tier` field in step with these entries.
 //!

@@ -1,7 +1,7 @@
 //! Data-parallel training of a small GPT under ZeRO stages 0–3, one thread
 //! per rank, every tensor in the engine's buffers.
 //!
-//! Each rank executes the [`Plan`](crate::shard::Plan): memory ops go to its
+//! Each rank executes the [`Plan`]: memory ops go to its
 //! [`RankMemory`] (allocator + event tap), [`Exec`] ops run here: kernels of
 //! [`model`] on operands read from the buffers (bf16 weights, activations and
 //! gradients; fp32 statistics, gradient flow, logits, master weights and Adam

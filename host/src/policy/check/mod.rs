@@ -15,7 +15,7 @@
 //!   answers the rest of the calls as the original does;
 //! - cost: per role, the number of calls and their median and 99th-percentile
 //!   duration, against the runtime's deadline;
-//! - a planner (WIT 0.3.0) gets its own suite ([`planner`](self::planner)):
+//! - a planner (WIT 0.3.0) gets its own suite (`planner`):
 //!   valid plans ([`crate::decision::validate_plan`]) for fuzzed step
 //!   profiles, determinism, state, cost against the planning deadline.
 //!

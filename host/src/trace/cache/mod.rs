@@ -3,7 +3,7 @@
 //! Comparing policies on one big trace parses the same file again for every
 //! run, and parsing (gzip, JSON, validation) costs more than replaying. The
 //! cache keeps each trace's events in a compact checksummed binary form
-//! ([`codec`]: about 4 bytes per event), so that every run after the first
+//! (`codec`: about 4 bytes per event), so that every run after the first
 //! reads that instead.
 //!
 //! - **Key**: the SHA-256 of the file's bytes ([`ContentKey`]) and the read
