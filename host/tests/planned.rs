@@ -256,6 +256,53 @@ fn steady_state_makes_no_device_call() {
 }
 
 #[test]
+fn the_arena_is_mapped_from_the_pages_the_learning_steps_leave_free() {
+    // The learning steps run on the paged dynamic path; at install the
+    // arena is mapped from the whole pages they leave free (one allocation
+    // for the rest) instead of giving those back one by one and allocating
+    // it whole. Tensors in it keep their contents. (An arena of GiBs: a
+    // small one is mapped from pages only where rounding it up to them
+    // holds at most 1/1000 more. Host backing costs only what is touched.)
+    let page = 2 * MIB;
+    let mut r = Run::new("planned", 16 * GIB);
+    r.check_each = false;
+    let template = training_step(720, 3 * MIB);
+    let mut per_step: Vec<Stats> = Vec::new();
+    for _ in 0..6 {
+        per_step.push(r.step(&template));
+        r.a.check_invariants().unwrap();
+    }
+    let s = r.a.stats();
+    let arena_pages = s.plan_arena_bytes / page;
+    assert!(s.plans >= 1 && arena_pages >= 8 && s.plan_arena_bytes.is_multiple_of(page), "{s:?}");
+    assert!(s.stitched_bytes >= s.plan_arena_bytes / 2, "not mapped from free pages: {s:?}");
+    let frees: u64 = per_step.iter().map(|d| d.device_free_calls).sum();
+    assert!(frees < arena_pages / 2, "{frees} device frees for an arena of {arena_pages} pages: {s:?}");
+    for (i, d) in per_step.iter().enumerate().skip(4) {
+        assert_eq!((d.device_alloc_calls, d.device_free_calls, d.plan_misses), (0, 0, 0), "step {i}: {d:?}");
+        assert_eq!(d.plan_hits, template.len() as u64, "step {i}");
+    }
+    // Steps of another kind: once free, the arena is given back, its pages
+    // to the dynamic path (the rest of it to the device), which grows by
+    // them instead of by fresh pages, and the other kind's arena is mapped
+    // from them in turn.
+    let other = training_step(720, 4 * MIB);
+    let given: Vec<Stats> = (0..6).map(|_| r.step(&other)).collect();
+    let now = r.a.stats();
+    assert!(
+        now.plan_arena_bytes > s.plan_arena_bytes && now.plan_arena_bytes < 2 * s.plan_arena_bytes,
+        "not the other kind's arena alone: {now:?}"
+    );
+    let (frees, allocs) = given.iter().fold((0, 0), |(f, a), d| (f + d.device_free_calls, a + d.device_alloc_calls));
+    assert!(frees < arena_pages / 2, "the arena's {arena_pages} pages went to the device: {given:?}");
+    assert!(allocs < arena_pages, "fresh pages beside the arena's {arena_pages}: {given:?}");
+    let last = &given[given.len() - 1];
+    assert_eq!((last.device_alloc_calls, last.device_free_calls, last.plan_misses), (0, 0, 0), "{last:?}");
+    assert_eq!(r.ooms, 0);
+    r.finish();
+}
+
+#[test]
 fn steps_without_a_repeat_stay_dynamic() {
     // Every step is different: nothing is ever planned for a step that
     // comes again, so no arena is held.

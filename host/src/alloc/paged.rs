@@ -126,7 +126,7 @@ pub(crate) struct Reservation {
 
 /// A run of whole free pages inside one free block.
 #[derive(Debug, Clone, Copy)]
-struct PageRun {
+pub(super) struct PageRun {
     /// The free block holding the pages.
     block: u32,
     /// Address of the first page (absolute: carving renumbers offsets).
@@ -439,7 +439,7 @@ impl<D: Device> Allocator<D> {
 
     /// The free page runs that give `need` pages, greatest first, leaving
     /// out the block `except`; returns them and the pages they hold.
-    fn plan_runs(&self, need: u64, except: u32) -> (Vec<PageRun>, u64) {
+    pub(super) fn plan_runs(&self, need: u64, except: u32) -> (Vec<PageRun>, u64) {
         let mut plan = Vec::new();
         let mut have = 0u64;
         // The greatest runs first, as many as needed: a heap, not a full sort.
@@ -456,7 +456,7 @@ impl<D: Device> Allocator<D> {
 
     /// Carves the runs of `plan` (their streams waited for first) and
     /// returns their pages in order.
-    fn take_runs(&mut self, plan: Vec<PageRun>) -> Result<Vec<PhysHandle>, AllocError> {
+    pub(super) fn take_runs(&mut self, plan: Vec<PageRun>) -> Result<Vec<PhysHandle>, AllocError> {
         let streams: Vec<StreamId> =
             plan.iter().map(|r| self.arena.segments.get(self.arena.blocks.get(r.block).segment).stream).collect();
         self.quiesce(&streams)?;

@@ -18,7 +18,12 @@
 //! the fewest planned bytes live): the old arena is freed if empty, the
 //! arena refused if it and what stays dynamic would reserve more than the
 //! run's high-water mark (a plan never raises the peak), the dynamic cache
-//! released, the arena allocated, and the plan's tensors live
+//! released, the arena allocated — a plain one of 2 GiB or more (or of
+//! nearly whole pages) mapped from the whole pages the dynamic path has
+//! free ([`Allocator::stitched_arena`]:
+//! no device call gives them back, one allocation makes the rest; given
+//! back, its pages stay mapped as a free paged segment of the dynamic
+//! path, which the next arena takes in turn) —, and the plan's tensors live
 //! then moved to their planned offsets (a device copy each) — unless the
 //! allocator must keep addresses stable (the C ABI: PyTorch holds the
 //! pointers), where they stay and their ranges are misses this step. When
@@ -59,7 +64,9 @@
 //! of its requests, or when its profile knows more lifetimes than the plan's.
 //!
 //! Invariants (checked by [`Allocator::check_invariants`]):
-//! - every arena is a whole segment of the `planned` pool, never paged; its
+//! - every arena is a whole segment of the `planned` pool, not a paged
+//!   segment of the dynamic path (one mapped from pages holds its pages and
+//!   the rest itself, in order from its base, and is plain); its
 //!   free blocks are in no free index; its finger (the block touched last)
 //!   is one of its blocks. A planned range is found without an index to
 //!   maintain: it almost always starts a free block, which a direct-mapped
@@ -83,7 +90,7 @@ use crate::decision::{
     cycle_live, validate_aliased, validate_plan, AliasedPlan, AllocRequest, Plan, PlanRequest, PlannerPolicy,
     ReclaimDecision, Refined, StepProfile, PLAN_ALIGN,
 };
-use crate::device::{Device, DevicePtr, PhysHandle};
+use crate::device::{Device, DeviceError, DevicePtr, PhysHandle};
 use crate::types::{StreamId, TensorId, TensorKind};
 
 /// Plans kept at once (different kinds of steps).
@@ -318,14 +325,29 @@ struct Arena {
     /// tensors of the step before its install lay in the plan, still live
     /// on the dynamic path then; made once a request needs it.
     pending: Option<usize>,
+    /// A plain arena mapped from pages ([`Allocator::stitched_arena`]):
+    /// what is mapped from its base on.
+    pages: Option<Box<ArenaPages>>,
+}
+
+/// The physical memory of a plain arena mapped from pages, in order from
+/// its base: whole pages the dynamic path had free, then one allocation for
+/// the rest (if any).
+#[derive(Debug)]
+struct ArenaPages {
+    /// Page `i` is mapped at `base + i × page`.
+    pages: Vec<PhysHandle>,
+    /// Mapped right after the pages.
+    rest: Option<PhysHandle>,
 }
 
 impl Arena {
     fn new(seg: u32, base: DevicePtr, size: u64, block: u32) -> Self {
         let spans = size.div_ceil(1 << HINT_SPAN_LOG2) as usize;
         let near = vec![block; spans];
-        let (zone, phys, pending) = (0, [None; 3], None);
-        let mut a = Arena { seg, base, size, starts: vec![NIL; START_SLOTS], finger: block, near, zone, phys, pending };
+        let (zone, phys, pending, pages) = (0, [None; 3], None, None);
+        let mut a =
+            Arena { seg, base, size, starts: vec![NIL; START_SLOTS], finger: block, near, zone, phys, pending, pages };
         a.started(0, block);
         a
     }
@@ -1372,7 +1394,13 @@ impl<D: Device> Allocator<D> {
         }
         // (A first-step plan in the second window of an aliased arena.)
         let zone = p.active.map_or(0, |i| p.plans[i].zone);
-        let made = if zone > 0 { self.new_aliased_arena(want / 2, zone, None)? } else { self.new_arena(want)? };
+        let made = match zone {
+            0 => match self.stitched_arena(want)? {
+                Some(a) => Some(a),
+                None => self.new_arena(want)?,
+            },
+            _ => self.new_aliased_arena(want / 2, zone, None)?,
+        };
         let Some(arena) = made else { return Ok(false) };
         self.planning.as_mut().expect("planning is on").arenas.push(arena);
         Ok(true)
@@ -2517,17 +2545,30 @@ impl<D: Device> Allocator<D> {
         if estimate > high_water {
             return Ok(self.refuse_arena(holds + kept, estimate, high_water));
         }
+        let first_only = self.planning.as_ref().is_some_and(|p| p.plans[i].first_only);
+        // A plain arena is mapped from the whole free pages of the dynamic
+        // path where that takes fewer device calls than giving them back
+        // and allocating it whole.
+        let stitched = if zone == 0 && !first_only { self.stitched_arena(want)? } else { None };
+        let in_place = if stitched.is_some() { 0 } else { holds };
         self.release_cached(&ReclaimDecision { trim: true, ..ReclaimDecision::all() })?;
-        let after = self.stats.bytes.reserved_bytes.saturating_add(holds + kept);
+        let after = self.stats.bytes.reserved_bytes.saturating_add(in_place + kept);
         if after > high_water {
+            if let Some(a) = stitched {
+                self.release_arena(a)?;
+            }
             return Ok(self.refuse_arena(holds + kept, after, high_water));
         }
         // A cached first-step plan's arena comes with its first request
         // that is not persistent, once the step so far matched it.
-        if self.planning.as_ref().is_some_and(|p| p.plans[i].first_only) {
+        if first_only {
             self.planning.as_mut().expect("planning is on").deferred_arena = want;
         } else {
-            let made = if zone > 0 { self.new_aliased_arena(want / 2, zone, pending)? } else { self.new_arena(want)? };
+            let made = match stitched {
+                Some(a) => Some(a),
+                None if zone > 0 => self.new_aliased_arena(want / 2, zone, pending)?,
+                None => self.new_arena(want)?,
+            };
             let Some(arena) = made else { return Ok(false) };
             self.planning.as_mut().expect("planning is on").arenas.push(arena);
         }
@@ -2555,6 +2596,94 @@ impl<D: Device> Allocator<D> {
         }
         self.release_free_retired()?;
         Ok(true)
+    }
+
+    /// A new plain arena of at least `size` bytes (whole pages) mapped from
+    /// the whole free pages of the dynamic path's paged segments, then one
+    /// allocation for the rest — one reservation mapped once, one device
+    /// call at most where giving those pages back and allocating the arena
+    /// whole takes one a page more — when whole pages hold at most 1/1000
+    /// more than `size`. `None` otherwise (or no page is free), or when the
+    /// device refuses the rest (nothing changed then).
+    fn stitched_arena(&mut self, size: u64) -> Result<Option<Arena>, AllocError> {
+        let page = self.paged_page(size);
+        if page == 0 {
+            return Ok(None);
+        }
+        let need = size.div_ceil(page);
+        // Whole pages: where rounding up to them would hold more than
+        // 1/1000 more than the plan's arena (arenas under 2 GiB, unless
+        // nearly whole pages), the arena is allocated at its own size.
+        if (need * page - size).saturating_mul(1000) > size {
+            return Ok(None);
+        }
+        let (plan, have) = self.plan_runs(need, NIL);
+        if have == 0 {
+            return Ok(None);
+        }
+        let rest = match need - have {
+            0 => None,
+            n => match self.device.create_physical(n * page) {
+                Ok(h) => Some(h),
+                Err(DeviceError::OutOfMemory { .. }) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            },
+        };
+        let bytes = need * page;
+        // Unmapping and mapping the pages blocks like giving them back does.
+        let t0 = self.device.counters().time_us;
+        let pages = self.take_runs(plan)?;
+        let held = ArenaPages { pages, rest };
+        let base = match self.map_arena_pages(&held, bytes, page) {
+            Ok(va) => va,
+            Err(e) => {
+                // The pages left the dynamic path: they go back to the device.
+                for h in held.pages.iter().copied().chain(held.rest) {
+                    self.device.release_physical(h)?;
+                    self.stats.device_free_calls += 1;
+                }
+                return Err(e.into());
+            }
+        };
+        self.stats.device_alloc_calls += u64::from(rest.is_some());
+        self.stats.stitches += 1;
+        self.stats.stitched_bytes += have * page;
+        let pool = self.planned_pool();
+        let seg = self.arena.segments.insert(Segment {
+            base,
+            size: bytes,
+            pool,
+            stream: StreamId(0),
+            first: NIL,
+            born: self.clock,
+        });
+        let block =
+            self.arena.blocks.insert(Block { segment: seg, offset: 0, size: bytes, prev: NIL, next: NIL, tensor: NIL });
+        self.arena.segments.get_mut(seg).first = block;
+        self.stats.bytes.add_reserved(bytes);
+        self.arena.pools[pool as usize].gauges.add_reserved(bytes);
+        self.stats.plan_arena_bytes += bytes;
+        self.record(ActionKind::SegmentAlloc, base, bytes, StreamId(0), None);
+        self.record_pause(t0);
+        tracing::debug!(bytes, from_free_pages = have * page, "arena mapped from the dynamic path's free pages");
+        Ok(Some(Arena { pages: Some(Box::new(held)), ..Arena::new(seg, base, bytes, block) }))
+    }
+
+    /// Maps an arena's pages (then the rest) in order into a new
+    /// reservation of `bytes`; on failure unmaps what was mapped and
+    /// releases the reservation (the physical memory stays the caller's).
+    fn map_arena_pages(&mut self, held: &ArenaPages, bytes: u64, page: u64) -> Result<DevicePtr, DeviceError> {
+        let va = self.device.reserve_virtual(bytes)?;
+        for (i, h) in held.pages.iter().copied().chain(held.rest).enumerate() {
+            if let Err(e) = self.device.map(va + i as u64 * page, h) {
+                for j in 0..i as u64 {
+                    self.device.unmap(va + j * page)?;
+                }
+                self.device.release_virtual(va)?;
+                return Err(e);
+            }
+        }
+        Ok(va)
     }
 
     /// A new arena of `size` bytes from the device; `None` when the device
@@ -3058,7 +3187,59 @@ impl<D: Device> Allocator<D> {
         b.is_free() && b.size == s.size
     }
 
-    fn release_arena(&mut self, a: Arena) -> Result<(), AllocError> {
+    /// Gives back a plain arena mapped from pages ([`Allocator::stitched_arena`],
+    /// entirely free): the allocation of its rest goes back to the device,
+    /// its pages stay mapped where they are and become a free paged segment
+    /// of the dynamic path — of the pool that reserves the most — which the
+    /// dynamic path or the next arena takes without a device call, and a
+    /// trim gives back as any. Where no pool can hold them (the dynamic path
+    /// is not paged now, or the pool releases free segments at once) the
+    /// pages go back to the device too.
+    fn release_arena_pages(&mut self, a: &Arena, held: ArenaPages) -> Result<(), AllocError> {
+        let page = self.device.granularity();
+        let kept = held.pages.len() as u64 * page;
+        let seg = *self.arena.segments.get(a.seg);
+        let to = self
+            .arena
+            .pools
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| !p.planned && !p.release_when_empty)
+            .max_by_key(|&(i, p)| (p.gauges.reserved_bytes, std::cmp::Reverse(i)))
+            .map(|(i, _)| i as u32)
+            .filter(|_| kept > 0 && self.paged_page(kept) > 0);
+        // Unmapping is not ordered on the stream.
+        self.quiesce(&[seg.stream])?;
+        // What goes back to the device: the rest, or everything.
+        let from = if to.is_some() { held.pages.len() } else { 0 };
+        for (i, h) in held.pages.iter().copied().chain(held.rest).enumerate().skip(from) {
+            self.device.unmap(a.base + i as u64 * page)?;
+            self.device.release_physical(h)?;
+            self.stats.device_free_calls += 1;
+        }
+        self.stats.bytes.sub_reserved(a.size);
+        self.arena.pools[seg.pool as usize].gauges.sub_reserved(a.size);
+        self.stats.plan_arena_bytes -= a.size;
+        self.record(ActionKind::SegmentFree, a.base, a.size, seg.stream, None);
+        let Some(pool) = to else {
+            self.device.release_virtual(a.base)?;
+            self.arena.blocks.remove(seg.first);
+            self.arena.segments.remove(a.seg);
+            return Ok(());
+        };
+        let s = self.arena.segments.get_mut(a.seg);
+        (s.size, s.pool, s.born) = (kept, pool, self.clock);
+        self.arena.blocks.get_mut(seg.first).size = kept;
+        self.paging.segs.insert(a.seg, super::paged::PagedSeg { pages: held.pages, resv: a.base, room: a.size - kept });
+        self.paging.reservations.insert(a.base, super::paged::Reservation { refs: 1, size: a.size });
+        self.arena.pools[pool as usize].free.insert((seg.stream, kept, a.base, seg.first));
+        self.stats.bytes.add_reserved(kept);
+        self.arena.pools[pool as usize].gauges.add_reserved(kept);
+        self.record(ActionKind::SegmentAlloc, a.base, kept, seg.stream, None);
+        Ok(())
+    }
+
+    fn release_arena(&mut self, mut a: Arena) -> Result<(), AllocError> {
         if let Some(p) = self.planning.as_mut().filter(|p| p.kept_seg == Some(a.seg)) {
             p.kept_seg = None;
         }
@@ -3077,6 +3258,8 @@ impl<D: Device> Allocator<D> {
                 }
             }
             self.device.release_virtual(a.base)?;
+        } else if let Some(held) = a.pages.take() {
+            return self.release_arena_pages(&a, *held);
         } else {
             self.device.free_segment(a.base)?;
             self.stats.device_free_calls += 1;
@@ -3135,6 +3318,19 @@ impl<D: Device> Allocator<D> {
             }
             if self.paging.segs.contains_key(&a.seg) {
                 return bad(format!("arena segment {} is paged", a.seg));
+            }
+            if let Some(held) = a.pages.as_deref() {
+                let mapped = held.pages.len() as u64 * self.device.granularity();
+                if a.zone > 0 || mapped > a.size || (mapped == a.size) != held.rest.is_none() {
+                    return bad(format!(
+                        "arena segment {} of {} bytes: mapped from {} pages and {} rest (aliased: {})",
+                        a.seg,
+                        a.size,
+                        held.pages.len(),
+                        if held.rest.is_some() { "a" } else { "no" },
+                        a.zone > 0
+                    ));
+                }
             }
             total += a.physical();
             if self.arena.blocks.try_get(a.finger).is_none_or(|b| b.segment != a.seg) {
