@@ -23,7 +23,8 @@
 //! free ([`Allocator::stitched_arena`]:
 //! no device call gives them back, one allocation makes the rest; given
 //! back, its pages stay mapped as a free paged segment of the dynamic
-//! path, which the next arena takes in turn) —, and the plan's tensors live
+//! path, which the next arena takes in turn; an aliased arena's parts
+//! likewise, [`Allocator::paged_aliased_arena`]) —, and the plan's tensors live
 //! then moved to their planned offsets (a device copy each) — unless the
 //! allocator must keep addresses stable (the C ABI: PyTorch holds the
 //! pointers), where they stay and their ranges are misses this step. When
@@ -65,8 +66,9 @@
 //!
 //! Invariants (checked by [`Allocator::check_invariants`]):
 //! - every arena is a whole segment of the `planned` pool, not a paged
-//!   segment of the dynamic path (one mapped from pages holds its pages and
-//!   the rest itself, in order from its base, and is plain); its
+//!   segment of the dynamic path (one mapped from pages holds its pages,
+//!   then its rest, itself, in order from its base — an aliased one per
+//!   part, in both windows); its
 //!   free blocks are in no free index; its finger (the block touched last)
 //!   is one of its blocks. A planned range is found without an index to
 //!   maintain: it almost always starts a free block, which a direct-mapped
@@ -328,6 +330,11 @@ struct Arena {
     /// A plain arena mapped from pages ([`Allocator::stitched_arena`]):
     /// what is mapped from its base on.
     pages: Option<Box<ArenaPages>>,
+    /// An aliased arena mapped from pages
+    /// ([`Allocator::paged_aliased_arena`]): per part, the pages mapped from
+    /// its start (in both windows), before its allocation in `phys` (then
+    /// the rest of the part, if any).
+    zone_pages: Option<Box<[Vec<PhysHandle>; 3]>>,
 }
 
 /// The physical memory of a plain arena mapped from pages, in order from
@@ -345,9 +352,9 @@ impl Arena {
     fn new(seg: u32, base: DevicePtr, size: u64, block: u32) -> Self {
         let spans = size.div_ceil(1 << HINT_SPAN_LOG2) as usize;
         let near = vec![block; spans];
-        let (zone, phys, pending, pages) = (0, [None; 3], None, None);
-        let mut a =
-            Arena { seg, base, size, starts: vec![NIL; START_SLOTS], finger: block, near, zone, phys, pending, pages };
+        let (zone, phys, pending, pages, zone_pages) = (0, [None; 3], None, None, None);
+        let starts = vec![NIL; START_SLOTS];
+        let mut a = Arena { seg, base, size, starts, finger: block, near, zone, phys, pending, pages, zone_pages };
         a.started(0, block);
         a
     }
@@ -366,6 +373,16 @@ impl Arena {
     fn parts(&self) -> [(u64, u64, u64); 3] {
         let (half, zone) = (self.size / 2, self.zone);
         [(zone, 0, 2 * half - zone), (half - 2 * zone, zone, half + zone), (zone, half - zone, half)]
+    }
+
+    /// An aliased arena's physical allocations of part `i`, in order from
+    /// the part's start, each with its offset in the part: its pages of
+    /// `page` bytes, then its allocation in `phys`.
+    fn part_handles(&self, i: usize, page: u64) -> Vec<(PhysHandle, u64)> {
+        let pages = self.zone_pages.as_ref().map_or(&[][..], |z| &z[i][..]);
+        let mut out: Vec<(PhysHandle, u64)> = pages.iter().enumerate().map(|(j, &h)| (h, j as u64 * page)).collect();
+        out.extend(self.phys[i].map(|h| (h, pages.len() as u64 * page)));
+        out
     }
 
     /// Whether `[off, off + size)` (of one window) uses the physical memory
@@ -1399,7 +1416,10 @@ impl<D: Device> Allocator<D> {
                 Some(a) => Some(a),
                 None => self.new_arena(want)?,
             },
-            _ => self.new_aliased_arena(want / 2, zone, None)?,
+            _ => match self.paged_aliased_arena(want / 2, zone, None)? {
+                Some(a) => Some(a),
+                None => self.new_aliased_arena(want / 2, zone, None)?,
+            },
         };
         let Some(arena) = made else { return Ok(false) };
         self.planning.as_mut().expect("planning is on").arenas.push(arena);
@@ -2549,7 +2569,11 @@ impl<D: Device> Allocator<D> {
         // A plain arena is mapped from the whole free pages of the dynamic
         // path where that takes fewer device calls than giving them back
         // and allocating it whole.
-        let stitched = if zone == 0 && !first_only { self.stitched_arena(want)? } else { None };
+        let stitched = match zone {
+            _ if first_only => None,
+            0 => self.stitched_arena(want)?,
+            _ => self.paged_aliased_arena(want / 2, zone, pending)?,
+        };
         let in_place = if stitched.is_some() { 0 } else { holds };
         self.release_cached(&ReclaimDecision { trim: true, ..ReclaimDecision::all() })?;
         let after = self.stats.bytes.reserved_bytes.saturating_add(in_place + kept);
@@ -2716,6 +2740,120 @@ impl<D: Device> Allocator<D> {
         Ok(Some(Arena::new(seg, base, size, block)))
     }
 
+    /// A new aliased arena as [`Allocator::new_aliased_arena`] makes it,
+    /// its parts mapped from the whole pages the dynamic path has free (in
+    /// turn: low zone, middle, high zone), each part's rest one allocation:
+    /// no device call gives those pages back. `None` when no page is free,
+    /// the arena's zones are not whole pages, or the device refuses a rest
+    /// (nothing changed then).
+    fn paged_aliased_arena(
+        &mut self,
+        half: u64,
+        zone: u64,
+        pending: Option<usize>,
+    ) -> Result<Option<Arena>, AllocError> {
+        let page = self.paged_page(half);
+        if page == 0 || !half.is_multiple_of(page) || !zone.is_multiple_of(page) {
+            return Ok(None);
+        }
+        let size = 2 * half;
+        let parts = Arena { zone, pending, ..Arena::new(0, 0, size, NIL) }.parts();
+        let made: Vec<usize> = (0..3).filter(|&i| parts[i].0 > 0 && pending != Some(i)).collect();
+        let need: u64 = made.iter().map(|&i| parts[i].0 / page).sum();
+        let (plan, have) = self.plan_runs(need, NIL);
+        if have == 0 {
+            return Ok(None);
+        }
+        // Each part takes the pages in turn, then one allocation for what
+        // it still lacks.
+        let (mut left, mut counts, mut phys) = (have, [0u64; 3], [None; 3]);
+        for &i in &made {
+            counts[i] = (parts[i].0 / page).min(left);
+            left -= counts[i];
+            let rest = parts[i].0 - counts[i] * page;
+            if rest == 0 {
+                continue;
+            }
+            match self.device.create_physical(rest) {
+                Ok(h) => phys[i] = Some(h),
+                Err(e) => {
+                    for h in phys.into_iter().flatten() {
+                        self.device.release_physical(h)?;
+                    }
+                    return match e {
+                        DeviceError::OutOfMemory { .. } => Ok(None),
+                        e => Err(e.into()),
+                    };
+                }
+            }
+        }
+        // Unmapping and mapping the pages blocks like giving them back does.
+        let t0 = self.device.counters().time_us;
+        let mut taken = self.take_runs(plan)?.into_iter();
+        let mut zone_pages: [Vec<PhysHandle>; 3] = Default::default();
+        for &i in &made {
+            zone_pages[i] = taken.by_ref().take(counts[i] as usize).collect();
+        }
+        let shape =
+            Arena { zone, pending, phys, zone_pages: Some(Box::new(zone_pages)), ..Arena::new(0, 0, size, NIL) };
+        let base = match self.map_aliased(&shape, page) {
+            Ok(va) => va,
+            Err(e) => {
+                // The pages left the dynamic path: they go back to the device.
+                for i in 0..3 {
+                    for (h, _) in shape.part_handles(i, page) {
+                        self.device.release_physical(h)?;
+                        self.stats.device_free_calls += 1;
+                    }
+                }
+                return Err(e.into());
+            }
+        };
+        self.stats.device_alloc_calls += phys.iter().flatten().count() as u64;
+        self.stats.stitches += 1;
+        self.stats.stitched_bytes += have * page;
+        let pool = self.planned_pool();
+        let seg =
+            self.arena.segments.insert(Segment { base, size, pool, stream: StreamId(0), first: NIL, born: self.clock });
+        let block =
+            self.arena.blocks.insert(Block { segment: seg, offset: 0, size, prev: NIL, next: NIL, tensor: NIL });
+        self.arena.segments.get_mut(seg).first = block;
+        let Arena { zone_pages, .. } = shape;
+        let arena = Arena { zone, pending, phys, zone_pages, ..Arena::new(seg, base, size, block) };
+        let holds = arena.physical();
+        self.stats.bytes.add_reserved(holds);
+        self.arena.pools[pool as usize].gauges.add_reserved(holds);
+        self.stats.plan_arena_bytes += holds;
+        self.record(ActionKind::SegmentAlloc, base, size, StreamId(0), None);
+        self.record_pause(t0);
+        tracing::debug!(bytes = half, zone, ?pending, from_free_pages = have * page, "aliased arena mapped from pages");
+        Ok(Some(arena))
+    }
+
+    /// Maps the parts of the aliased arena `a` (its base not set yet) at
+    /// both windows of a new reservation; on failure unmaps what was mapped
+    /// and releases the reservation (the physical memory stays the
+    /// caller's).
+    fn map_aliased(&mut self, a: &Arena, page: u64) -> Result<DevicePtr, DeviceError> {
+        let va = self.device.reserve_virtual(a.size)?;
+        let mut mapped: Vec<DevicePtr> = Vec::new();
+        for (i, (_, w0, w1)) in a.parts().into_iter().enumerate() {
+            for (h, off) in a.part_handles(i, page) {
+                for at in [va + w0 + off, va + w1 + off] {
+                    if let Err(e) = self.device.map(at, h) {
+                        for m in mapped {
+                            self.device.unmap(m)?;
+                        }
+                        self.device.release_virtual(va)?;
+                        return Err(e);
+                    }
+                    mapped.push(at);
+                }
+            }
+        }
+        Ok(va)
+    }
+
     /// A new aliased arena: `half` bytes of physical memory (three
     /// allocations: the end zones of `zone` bytes and the middle) mapped at
     /// two windows of one reservation, the second `[high | middle | low]`:
@@ -2779,14 +2917,16 @@ impl<D: Device> Allocator<D> {
     /// Unmaps and releases what an aliased arena holds from the device, and
     /// its reservation (errors are logged: used on failure paths).
     fn unmap_aliased(&mut self, a: &Arena) {
+        let page = self.device.granularity();
         for (i, (_, w0, w1)) in a.parts().into_iter().enumerate() {
-            let Some(h) = a.phys[i] else { continue };
-            for at in [w0, w1] {
-                // Unmapping what was not mapped fails, and is harmless.
-                let _ = self.device.unmap(a.base + at);
-            }
-            if let Err(e) = self.device.release_physical(h) {
-                tracing::warn!(error = %e, "releasing a part of a failed aliased arena");
+            for (h, off) in a.part_handles(i, page) {
+                for at in [w0, w1] {
+                    // Unmapping what was not mapped fails, and is harmless.
+                    let _ = self.device.unmap(a.base + at + off);
+                }
+                if let Err(e) = self.device.release_physical(h) {
+                    tracing::warn!(error = %e, "releasing a part of a failed aliased arena");
+                }
             }
         }
         if let Err(e) = self.device.release_virtual(a.base) {
@@ -3187,62 +3327,60 @@ impl<D: Device> Allocator<D> {
         b.is_free() && b.size == s.size
     }
 
-    /// Gives back a plain arena mapped from pages ([`Allocator::stitched_arena`],
-    /// entirely free): the allocation of its rest goes back to the device,
-    /// its pages stay mapped where they are and become a free paged segment
-    /// of the dynamic path — of the pool that reserves the most — which the
-    /// dynamic path or the next arena takes without a device call, and a
-    /// trim gives back as any. Where no pool can hold them (the dynamic path
-    /// is not paged now, or the pool releases free segments at once) the
-    /// pages go back to the device too.
-    fn release_arena_pages(&mut self, a: &Arena, held: ArenaPages) -> Result<(), AllocError> {
-        let page = self.device.granularity();
-        let kept = held.pages.len() as u64 * page;
-        let seg = *self.arena.segments.get(a.seg);
-        let to = self
-            .arena
+    /// The pool that takes the pages of an arena given back: the dynamic
+    /// pool that reserves the most, where the dynamic path is paged now and
+    /// the pool keeps free segments (`None`: they go back to the device).
+    fn page_pool(&self, bytes: u64) -> Option<u32> {
+        self.arena
             .pools
             .iter()
             .enumerate()
             .filter(|(_, p)| !p.planned && !p.release_when_empty)
             .max_by_key(|&(i, p)| (p.gauges.reserved_bytes, std::cmp::Reverse(i)))
             .map(|(i, _)| i as u32)
-            .filter(|_| kept > 0 && self.paged_page(kept) > 0);
-        // Unmapping is not ordered on the stream.
-        self.quiesce(&[seg.stream])?;
-        // What goes back to the device: the rest, or everything.
-        let from = if to.is_some() { held.pages.len() } else { 0 };
-        for (i, h) in held.pages.iter().copied().chain(held.rest).enumerate().skip(from) {
-            self.device.unmap(a.base + i as u64 * page)?;
-            self.device.release_physical(h)?;
-            self.stats.device_free_calls += 1;
-        }
-        self.stats.bytes.sub_reserved(a.size);
-        self.arena.pools[seg.pool as usize].gauges.sub_reserved(a.size);
-        self.stats.plan_arena_bytes -= a.size;
-        self.record(ActionKind::SegmentFree, a.base, a.size, seg.stream, None);
-        let Some(pool) = to else {
-            self.device.release_virtual(a.base)?;
-            self.arena.blocks.remove(seg.first);
-            self.arena.segments.remove(a.seg);
-            return Ok(());
-        };
-        let s = self.arena.segments.get_mut(a.seg);
-        (s.size, s.pool, s.born) = (kept, pool, self.clock);
-        self.arena.blocks.get_mut(seg.first).size = kept;
-        self.paging.segs.insert(a.seg, super::paged::PagedSeg { pages: held.pages, resv: a.base, room: a.size - kept });
-        self.paging.reservations.insert(a.base, super::paged::Reservation { refs: 1, size: a.size });
-        self.arena.pools[pool as usize].free.insert((seg.stream, kept, a.base, seg.first));
-        self.stats.bytes.add_reserved(kept);
-        self.arena.pools[pool as usize].gauges.add_reserved(kept);
-        self.record(ActionKind::SegmentAlloc, a.base, kept, seg.stream, None);
-        Ok(())
+            .filter(|_| bytes > 0 && self.paged_page(bytes) > 0)
     }
 
-    fn release_arena(&mut self, mut a: Arena) -> Result<(), AllocError> {
+    /// Runs of pages of the reservation at `resv` (`resv_size` bytes), each
+    /// mapped in order from its address, become free paged segments of
+    /// `pool` on `stream` (the reservation is theirs).
+    fn adopt_pages(
+        &mut self,
+        resv: DevicePtr,
+        resv_size: u64,
+        runs: Vec<(DevicePtr, Vec<PhysHandle>)>,
+        pool: u32,
+        stream: StreamId,
+    ) {
+        let page = self.device.granularity();
+        self.paging.reservations.insert(resv, super::paged::Reservation { refs: runs.len() as u32, size: resv_size });
+        for (base, pages) in runs {
+            let size = pages.len() as u64 * page;
+            let seg = self.arena.segments.insert(Segment { base, size, pool, stream, first: NIL, born: self.clock });
+            let block =
+                self.arena.blocks.insert(Block { segment: seg, offset: 0, size, prev: NIL, next: NIL, tensor: NIL });
+            self.arena.segments.get_mut(seg).first = block;
+            self.paging.segs.insert(seg, super::paged::PagedSeg { pages, resv, room: 0 });
+            self.arena.pools[pool as usize].free.insert((stream, size, base, block));
+            self.stats.bytes.add_reserved(size);
+            self.arena.pools[pool as usize].gauges.add_reserved(size);
+            self.record(ActionKind::SegmentAlloc, base, size, stream, None);
+        }
+    }
+
+    /// Gives back an entirely free arena. The pages a plain arena was mapped
+    /// from ([`Allocator::stitched_arena`]) stay mapped where they are and
+    /// become a free paged segment of the dynamic path, which the dynamic
+    /// path or the next arena takes without a device call and a trim gives
+    /// back as any ([`Allocator::page_pool`]); the rest goes to the device
+    /// (an aliased arena's pages too: it is given back far more rarely).
+    fn release_arena(&mut self, a: Arena) -> Result<(), AllocError> {
         if let Some(p) = self.planning.as_mut().filter(|p| p.kept_seg == Some(a.seg)) {
             p.kept_seg = None;
         }
+        let page = self.device.granularity();
+        let mut adopt: Vec<(DevicePtr, Vec<PhysHandle>)> = Vec::new();
+        let pool = if a.pages.is_some() { self.page_pool(a.physical()) } else { None };
         if a.zone > 0 {
             // Unmapped once the arena's stream is done with it (no device
             // synchronization), then its memory and reservation go.
@@ -3250,20 +3388,32 @@ impl<D: Device> Allocator<D> {
                 self.stats.device_syncs += 1;
             }
             for (i, (_, w0, w1)) in a.parts().into_iter().enumerate() {
-                if let Some(h) = a.phys[i] {
-                    self.device.unmap(a.base + w0)?;
-                    self.device.unmap(a.base + w1)?;
+                for (h, off) in a.part_handles(i, page) {
+                    self.device.unmap(a.base + w0 + off)?;
+                    self.device.unmap(a.base + w1 + off)?;
                     self.device.release_physical(h)?;
                     self.stats.device_free_calls += 1;
                 }
             }
-            self.device.release_virtual(a.base)?;
-        } else if let Some(held) = a.pages.take() {
-            return self.release_arena_pages(&a, *held);
+        } else if let Some(held) = a.pages.as_deref() {
+            // Unmapping is not ordered on the stream.
+            self.quiesce(&[StreamId(0)])?;
+            let kept = if pool.is_some() { held.pages.len() } else { 0 };
+            for (i, h) in held.pages.iter().copied().chain(held.rest).enumerate().skip(kept) {
+                self.device.unmap(a.base + i as u64 * page)?;
+                self.device.release_physical(h)?;
+                self.stats.device_free_calls += 1;
+            }
+            if kept > 0 {
+                adopt.push((a.base, held.pages.clone()));
+            }
         } else {
             self.device.free_segment(a.base)?;
             self.stats.device_free_calls += 1;
             self.stats.device_syncs += 1;
+        }
+        if (a.zone > 0 || a.pages.is_some()) && adopt.is_empty() {
+            self.device.release_virtual(a.base)?;
         }
         let seg = *self.arena.segments.get(a.seg);
         self.arena.blocks.remove(seg.first);
@@ -3272,6 +3422,9 @@ impl<D: Device> Allocator<D> {
         self.arena.pools[seg.pool as usize].gauges.sub_reserved(a.physical());
         self.stats.plan_arena_bytes -= a.physical();
         self.record(ActionKind::SegmentFree, seg.base, seg.size, seg.stream, None);
+        if let Some(pool) = pool.filter(|_| !adopt.is_empty()) {
+            self.adopt_pages(a.base, a.size, adopt, pool, seg.stream);
+        }
         Ok(())
     }
 
@@ -3318,6 +3471,21 @@ impl<D: Device> Allocator<D> {
             }
             if self.paging.segs.contains_key(&a.seg) {
                 return bad(format!("arena segment {} is paged", a.seg));
+            }
+            if let Some(z) = a.zone_pages.as_deref() {
+                let page = self.device.granularity();
+                let parts = a.parts();
+                let bad_part = (0..3).find(|&i| {
+                    let mapped = z[i].len() as u64 * page;
+                    if a.pending == Some(i) {
+                        !z[i].is_empty() || a.phys[i].is_some()
+                    } else {
+                        mapped > parts[i].0 || (mapped == parts[i].0) != a.phys[i].is_none()
+                    }
+                });
+                if a.zone == 0 || bad_part.is_some() {
+                    return bad(format!("aliased arena segment {}: part {bad_part:?} not its pages and rest", a.seg));
+                }
             }
             if let Some(held) = a.pages.as_deref() {
                 let mapped = held.pages.len() as u64 * self.device.granularity();
