@@ -2624,11 +2624,11 @@ impl<D: Device> Allocator<D> {
 
     /// A new plain arena of at least `size` bytes (whole pages) mapped from
     /// the whole free pages of the dynamic path's paged segments, then one
-    /// allocation for the rest — one reservation mapped once, one device
-    /// call at most where giving those pages back and allocating the arena
-    /// whole takes one a page more — when whole pages hold at most 1/1000
-    /// more than `size`. `None` otherwise (or no page is free), or when the
-    /// device refuses the rest (nothing changed then).
+    /// allocation for the rest: one reservation mapped once, at most one
+    /// device call (giving those pages back and allocating the arena whole
+    /// takes one per page and one more). Only where whole pages hold at
+    /// most 1/1000 more than `size`; `None` otherwise (or no page is free),
+    /// or when the device refuses the rest (nothing changed then).
     fn stitched_arena(&mut self, size: u64) -> Result<Option<Arena>, AllocError> {
         let page = self.paged_page(size);
         if page == 0 {
