@@ -172,6 +172,11 @@ struct StoredPlan {
     /// path's held segments ([`Allocator::room_left`]; empty: none): served
     /// there, they are no misses.
     roomed: Vec<bool>,
+    /// The entries at which each forward pass of its steps began (a plan
+    /// of two steps: per step; empty: not known yet — a cached plan learns
+    /// them from a step it serves without a miss). A planned step of two
+    /// comes back to them at its forward passes ([`Planning::resync`]).
+    forward_at: [Vec<u32>; 2],
 }
 
 impl StoredPlan {
@@ -222,6 +227,7 @@ impl StoredPlan {
             refines: 0,
             guessed_need: 0,
             roomed: Vec::new(),
+            forward_at: Default::default(),
         }
     }
 
@@ -573,13 +579,29 @@ pub(crate) struct Planning {
     /// Requests of the first training step of the current planned step of
     /// two (counted at its end).
     pair_mid: u32,
-    /// Planned steps of two seen: the first request's key and the requests
-    /// of each training step (at most [`SHAPE_KINDS`] first keys kept).
-    pairs: Vec<(Key, u32, u32)>,
+    /// Planned steps of two seen: the first request's key, the requests of
+    /// each training step and their forward passes (at most [`SHAPE_KINDS`]
+    /// first keys kept).
+    pairs: Vec<(Key, u32, u32, (usize, usize))>,
     /// Two planned steps of two that start alike differ in the requests of
     /// their training steps (an evaluation every third step, say): a plan
     /// chosen by its first request cannot tell them ([`Planning::note_pair`]).
     pairs_vary: bool,
+    /// In a planned step of two: the plan it left (requests of another
+    /// kind in a row, such as an evaluation forward pass between its two
+    /// training steps) and the entry it expected next. At the next forward
+    /// pass the plan resumes from there if that pass starts as expected
+    /// (its tensors of the pair so far are where it placed them).
+    resume: Option<(usize, usize)>,
+    /// The requests (of `current`) at which the forward passes of this
+    /// step began (a planned step of two: per training step).
+    marks: [Vec<u32>; 2],
+    /// The marks of the last closed profile, and its number of requests.
+    last_marks: ([Vec<u32>; 2], usize),
+    /// The plan of this planned step of two was left and resumed: the
+    /// pair held requests of another kind, which are neither learned as a
+    /// pair of its own nor compared with the pairs that start alike.
+    resumed: bool,
     /// The plan a new plan of its first request replaced while it could
     /// serve the current arena as it is, where the new one needs another:
     /// it comes back if the new one's arena is refused (an arena holding
@@ -727,6 +749,10 @@ impl Planning {
             pair_mid: 0,
             pairs: Vec::new(),
             pairs_vary: false,
+            resume: None,
+            resumed: false,
+            marks: Default::default(),
+            last_marks: Default::default(),
             superseded: None,
             restored: false,
             left_peaks: None,
@@ -766,6 +792,7 @@ impl Planning {
     /// Drops every stored plan and the step's use of one.
     fn forget_plans(&mut self) {
         self.plans.clear();
+        self.resume = None;
         self.superseded = None;
         self.active = None;
         self.installing = false;
@@ -784,8 +811,14 @@ impl Planning {
         }
         if self.choosing {
             self.choosing = self.current.len() < self.choose_until;
-            self.choose(req);
-            if self.active.is_some() {
+            if self.resume.is_some() {
+                self.resume_left(req);
+            } else {
+                self.choose(req);
+            }
+            if self.resumed && self.active.is_some() {
+                self.choosing = false;
+            } else if self.active.is_some() {
                 self.choosing = false;
                 self.chosen_late = !self.current.is_empty();
                 // What came before it is extra: misses (for replanning).
@@ -819,6 +852,65 @@ impl Planning {
         };
         self.cursor = j + 1;
         Some((j, plan.offsets[j]))
+    }
+
+    /// At a forward pass of a planned step of two whose plan it left
+    /// ([`Planning::resume`]): the plan serves again when `req` is one of
+    /// the [`LOOKAHEAD`] entries it expected next (the cursor moves there;
+    /// what came between was another step's, served dynamically). The
+    /// departure then sets no floor on later steps (`left_peaks`).
+    fn resume_left(&mut self, req: &AllocRequest) {
+        let Some((i, at)) = self.resume else { return };
+        let k = (req.bytes, req.kind, req.stream);
+        let Some(plan) = self.plans.get(i).filter(|_| !self.suspended) else {
+            self.resume = None;
+            return;
+        };
+        let end = (at + LOOKAHEAD).min(plan.keys.len());
+        let Some(j) = (at..end).find(|&j| plan.keys[j] == k) else { return };
+        tracing::debug!(entry = j, request = self.current.len(), "the left plan of two steps resumes");
+        self.resume = None;
+        self.resumed = true;
+        self.active = Some(i);
+        self.cursor = j;
+        self.skipped.clear();
+        self.deviation_run = 0;
+        self.left_peaks = None;
+        self.plans[i].last_used = self.steps;
+    }
+
+    /// At the start of the `f`-th forward pass of training step `s` of a
+    /// planned step of two: the plan serving it (or the one it left, which
+    /// serves again) goes on from the entry at which its own `f`-th forward
+    /// pass of that step began — its last one when it has fewer. What came
+    /// since the step's previous forward pass (an evaluation forward pass
+    /// between training steps, served by entries of the plan's forward pass
+    /// or dynamically) was another step's; its tensors, freed by now, left
+    /// those ranges free, and a range still taken is a miss as always. A
+    /// pair whose plan moves so by more than [`LOOKAHEAD`] entries, or
+    /// comes back, held requests of another kind ([`Planning::resumed`]).
+    fn resync(&mut self, s: usize, f: usize) {
+        if self.suspended || self.installing || self.period < 2 {
+            return;
+        }
+        let Some(i) = self.active.or(self.resume.map(|(i, _)| i)) else { return };
+        let Some(plan) = self.plans.get(i) else { return };
+        let Some(e) = plan.forward_at[s].get(f).or(plan.forward_at[s].last()).map(|&e| e as usize) else { return };
+        if self.active.is_none() {
+            tracing::debug!(entry = e, request = self.current.len(), "the left plan of two steps resumes");
+            self.active = Some(i);
+            self.resume = None;
+            self.resumed = true;
+            self.left_peaks = None;
+            self.choosing = false;
+            self.plans[i].last_used = self.steps;
+        } else if e.abs_diff(self.cursor) > LOOKAHEAD {
+            tracing::debug!(entry = e, cursor = self.cursor, "a plan of two steps goes on from its forward pass");
+            self.resumed = true;
+        }
+        self.cursor = e;
+        self.skipped.clear();
+        self.deviation_run = 0;
     }
 
     /// Chooses the plan for a step that starts with `first`: the most
@@ -1003,6 +1095,7 @@ impl Planning {
     /// the previous step) and starts the next one.
     fn close_step(&mut self, step: u64) -> (StepProfile, bool) {
         let mut requests = std::mem::take(&mut self.current);
+        self.last_marks = (std::mem::take(&mut self.marks), requests.len());
         if std::mem::take(&mut self.overflowed) {
             // Only the tail of a step too long to plan: nothing to plan,
             // nothing to match the next step with.
@@ -1112,30 +1205,48 @@ impl Planning {
     /// At the end of a planned step of two training steps: compares it with
     /// the one seen first with the same first request. Steps planned two at
     /// a time must repeat as pairs; where the training steps of two pairs
-    /// that start alike hold different numbers of requests (more than 1 %
-    /// and 2 apart: another kind of step, not a deviation), a plan chosen
-    /// by the first request would serve one pair with the other's plan, and
-    /// leave it in the middle with the arena holding the first step's
-    /// tensors: `pairs_vary` (planned placement then goes off,
-    /// [`Allocator::suspend_if_unsteady`]). E.g. a loop that keeps its
-    /// outputs and evaluates every third step: its pairs are two training
-    /// steps, or one and an evaluation.
+    /// that start alike and make as many forward passes hold different
+    /// numbers of requests (more than 1 % and 2 apart: another kind of
+    /// step, not a deviation), a plan chosen by the first request would
+    /// serve one pair with the other's plan, and leave it in the middle
+    /// with the arena holding the first step's tensors: `pairs_vary`
+    /// (planned placement then goes off, [`Allocator::suspend_if_unsteady`]).
+    /// A pair whose steps make different numbers of forward passes holds an
+    /// extra one (an evaluation between training steps, in a loop that
+    /// keeps its outputs and evaluates every few steps): it is not learned
+    /// (a plan of two training steps serves it, coming back to its own
+    /// forward passes, [`Planning::resync`]), and where one that starts
+    /// alike makes fewer, that one is the kind learned. Nor is a pair whose
+    /// plan had to come back so.
     /// Returns whether a pair like it was seen before (a pair is planned
     /// only once its kind recurs: a pair seen once may be one of two kinds
     /// that start alike, the other not seen yet).
     fn note_pair(&mut self) -> bool {
+        self.resume = None;
+        if std::mem::take(&mut self.resumed) {
+            return false;
+        }
         let Some(first) = self.current.first().map(key) else { return false };
         let n = self.current.len() as u32;
         let (a, b) = (self.pair_mid.min(n), n - self.pair_mid.min(n));
+        let fw = (self.marks[0].len(), self.marks[1].len());
         // (Deviations leave a step at 8 in a row and 1 %: not a count apart.)
         let apart = |x: u32, y: u32| x.abs_diff(y) > 8 + x.max(y) / 100;
-        match self.pairs.iter().find(|q| q.0 == first) {
-            Some(&(_, a0, b0)) => {
-                self.pairs_vary |= apart(a, a0) || apart(b, b0);
-                true
+        let uneven = fw.0 != fw.1;
+        let kinds = self.pairs.len();
+        match self.pairs.iter_mut().find(|q| q.0 == first) {
+            Some(q) if q.3 == fw => {
+                self.pairs_vary |= apart(a, q.1) || apart(b, q.2);
+                !uneven
             }
-            None if self.pairs.len() < SHAPE_KINDS => {
-                self.pairs.push((first, a, b));
+            Some(q) => {
+                if fw.0 <= q.3 .0 && fw.1 <= q.3 .1 {
+                    *q = (first, a, b, fw);
+                }
+                false
+            }
+            None if kinds < SHAPE_KINDS => {
+                self.pairs.push((first, a, b, fw));
                 false
             }
             None => false,
@@ -1171,7 +1282,10 @@ impl Planning {
 
     /// Stores a plan: one per first request (a first-step plan aside), the
     /// least recently used going first when [`MAX_PLANS`] are kept.
-    fn store(&mut self, stored: StoredPlan) {
+    fn store(&mut self, mut stored: StoredPlan) {
+        if stored.forward_at.iter().all(Vec::is_empty) && self.last_marks.1 == stored.keys.len() {
+            stored.forward_at = self.last_marks.0.clone();
+        }
         if let Some(i) = self.plans.iter().position(|q| !q.first_only && q.keys.first() == stored.keys.first()) {
             let old = self.plans.remove(i);
             self.superseded = (self.serves_current_arena(&old) && !self.serves_current_arena(&stored)).then_some(old);
@@ -1369,6 +1483,9 @@ impl<D: Device> Allocator<D> {
                 tracing::debug!(misses = p.step_deviations, "the step is not its plan's; left for the rest of it");
                 p.active = None;
                 p.matched.clear();
+                if p.period > 1 {
+                    p.resume = Some((i, p.cursor));
+                }
                 if !p.chosen_late {
                     p.left_peaks.get_or_insert(p.run_peaks);
                 }
@@ -1587,12 +1704,19 @@ impl<D: Device> Allocator<D> {
                 // chosen at its start, none left; not its first forward
                 // pass, which a step of a new shape starts with): a plan
                 // may start here.
-                let late = p.steps > 0 && p.period == 1 && !p.forwards.is_empty() && !p.overflowed;
+                let late = p.steps > 0 && !p.mid && !p.forwards.is_empty() && !p.overflowed;
                 if late && p.active.is_none() && !p.suspended && p.left_peaks.is_none() {
                     p.choosing = true;
                     p.choose_until = p.current.len() + LOOKAHEAD;
                     p.late_forward = true;
+                } else if p.resume.is_some() && p.active.is_none() && !p.suspended {
+                    p.choosing = true;
+                    p.choose_until = p.current.len() + LOOKAHEAD;
                 }
+                let s = usize::from(p.period > 1 && p.mid);
+                let f = p.marks[s].len();
+                p.marks[s].push(p.current.len() as u32);
+                p.resync(s, f);
                 p.forwards.push(0);
                 if p.steps == 0 && p.first_forward.is_none() {
                     p.first_forward = Some(p.current.len() as u32);
@@ -1670,6 +1794,12 @@ impl<D: Device> Allocator<D> {
             p.note_first_wraps();
         }
         let (profile, repeated) = p.close_step(step);
+        // (A plan from the cache learns where its forward passes begin.)
+        if let Some(q) = served_plan.filter(|_| misses == 0).map(|i| &mut p.plans[i]) {
+            if q.forward_at.iter().all(Vec::is_empty) && p.last_marks.1 == q.keys.len() {
+                q.forward_at = p.last_marks.0.clone();
+            }
+        }
         let n = profile.requests.len();
         let known = profile.requests.iter().enumerate().filter(|(k, r)| r.plannable(*k as u32)).count();
         // A step with unknown lifetimes is planned only once it repeated the
