@@ -174,7 +174,7 @@ struct StoredPlan {
     roomed: Vec<bool>,
     /// The entries at which each forward pass of its steps began (a plan
     /// of two steps: per step; empty: not known yet — a cached plan learns
-    /// them from a step it serves without a miss). A planned step of two
+    /// them from a step of its very requests). A planned step of two
     /// comes back to them at its forward passes ([`Planning::resync`]).
     forward_at: [Vec<u32>; 2],
 }
@@ -1417,7 +1417,7 @@ impl<D: Device> Allocator<D> {
             {
                 None
             }
-            Some((_, Some(off))) => self.take_arena_range(off, req.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN, req.stream),
+            Some((_, Some(off))) => self.take_arena_range(off, size, req.stream),
             _ => None,
         };
         let p = self.planning.as_mut().expect("checked");
@@ -1794,9 +1794,10 @@ impl<D: Device> Allocator<D> {
             p.note_first_wraps();
         }
         let (profile, repeated) = p.close_step(step);
-        // (A plan from the cache learns where its forward passes begin.)
-        if let Some(q) = served_plan.filter(|_| misses == 0).map(|i| &mut p.plans[i]) {
-            if q.forward_at.iter().all(Vec::is_empty) && p.last_marks.1 == q.keys.len() {
+        // (A plan from the cache learns where its forward passes begin from
+        // a step of its very requests.)
+        if let Some(q) = served_plan.map(|i| &mut p.plans[i]) {
+            if q.forward_at.iter().all(Vec::is_empty) && profile.requests.iter().map(key).eq(q.keys.iter().copied()) {
                 q.forward_at = p.last_marks.0.clone();
             }
         }
