@@ -2610,9 +2610,10 @@ impl<D: Device> Allocator<D> {
     /// above the first's (the optimizer's states were made at the first
     /// step's end): the dynamic path would need at least the bytes live
     /// now that stay (those carried from the first step as freed in this
-    /// one are not counted) plus the plan's own peak live bytes, at the
-    /// overhead it had so far — so much the arena and what stays dynamic
-    /// may reserve. Any other plan: `high_water`.
+    /// one, and this step's own so far, are not counted) plus the plan's
+    /// own peak live bytes, at the overhead it had so far — so much the
+    /// arena and what stays dynamic may reserve. Any other plan:
+    /// `high_water`.
     fn guessed_high_water(&self, i: usize, high_water: u64) -> u64 {
         let Some(p) = self.planning.as_ref() else { return high_water };
         let need = p.plans[i].guessed_need;
@@ -2627,7 +2628,10 @@ impl<D: Device> Allocator<D> {
             .filter(|t| !matches!(t.kind, TensorKind::Param | TensorKind::Optim))
             .map(|t| t.bytes)
             .sum();
-        let least = b.live_bytes.saturating_sub(leaving).saturating_add(need);
+        // (This step's tensors so far are the plan's requests, counted in
+        // its need, or another step's before a plan chosen later in it.)
+        let this_step: u64 = p.live.entries().filter_map(|(id, _)| self.tensors.get(id)).map(|t| t.bytes).sum();
+        let least = b.live_bytes.saturating_sub(leaving).saturating_sub(this_step).saturating_add(need);
         let expected = u128::from(least) * u128::from(high_water) / u128::from(b.peak_live_bytes);
         tracing::debug!(least, expected = expected as u64, high_water, "a plan of guessed lifetimes is held to");
         high_water.max(u64::try_from(expected).unwrap_or(u64::MAX))
