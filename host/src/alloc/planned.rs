@@ -106,6 +106,11 @@ pub const LOOKAHEAD: usize = 8;
 /// other window is taken cannot serve).
 const ALIAS_TRIES: usize = 64;
 
+/// Planned ranges of the next entries offered as places when a request
+/// that missed its plan borrows an arena's free space (see
+/// [`Allocator::slot_fits`]).
+const SLOT_TRIES: usize = 256;
+
 /// Plan entries looked ahead when a request that missed its plan borrows
 /// an arena's free space (see [`Allocator::displaced`]).
 const LEND_HORIZON: u32 = 4096;
@@ -503,6 +508,14 @@ pub(crate) struct Planning {
     /// latest): a request that arrives after its place (two swapped) takes
     /// its own entry, not a later one of the same key.
     skipped: Vec<u32>,
+    /// Entries before a forward pass of this step that a resynchronised
+    /// plan of two steps jumped over ([`Planning::resync`]: at most
+    /// [`LOOKAHEAD`]): the step's inputs, still to come when an evaluation
+    /// forward pass came first. A request of their key takes one of them
+    /// before any entry ahead of the cursor (which the evaluation brought
+    /// into the forward pass: a range a large tensor of the step needs
+    /// later, while the input lives on).
+    early: Vec<u32>,
     /// No plan is chosen for this step yet, and one still may be: its
     /// first [`LOOKAHEAD`] requests may start a plan (what comes before
     /// is extra).
@@ -719,6 +732,7 @@ impl Planning {
             active: None,
             cursor: 0,
             skipped: Vec::new(),
+            early: Vec::new(),
             choosing: false,
             choose_until: 0,
             late_forward: false,
@@ -833,6 +847,11 @@ impl Planning {
         let resized = |&(b, kind, stream): &Key| {
             kind == req.kind && stream == req.stream && req.bytes.div_ceil(PLAN_ALIGN) == b.div_ceil(PLAN_ALIGN)
         };
+        if let Some(s) = self.early.iter().position(|&s| plan.keys[s as usize] == k) {
+            // An input after an evaluation's forward pass: its own entry.
+            let j = self.early.swap_remove(s) as usize;
+            return Some((j, plan.offsets[j]));
+        }
         let j = if plan.keys.get(self.cursor) == Some(&k) {
             self.cursor
         } else if let Some(s) = self.skipped.iter().position(|&s| plan.keys[s as usize] == k) {
@@ -886,7 +905,9 @@ impl Planning {
     /// since the step's previous forward pass (an evaluation forward pass
     /// between training steps, served by entries of the plan's forward pass
     /// or dynamically) was another step's; its tensors, freed by now, left
-    /// those ranges free, and a range still taken is a miss as always. A
+    /// those ranges free, and a range still taken is a miss as always.
+    /// Entries of the step before that forward pass that it jumps over
+    /// (inputs still to come) are kept aside ([`Planning::early`]). A
     /// pair whose plan moves so by more than [`LOOKAHEAD`] entries, or
     /// comes back, held requests of another kind ([`Planning::resumed`]).
     fn resync(&mut self, s: usize, f: usize) {
@@ -907,6 +928,11 @@ impl Planning {
         } else if e.abs_diff(self.cursor) > LOOKAHEAD {
             tracing::debug!(entry = e, cursor = self.cursor, "a plan of two steps goes on from its forward pass");
             self.resumed = true;
+        }
+        // (Jumped over: entries before the forward pass, still to come.)
+        self.early.clear();
+        if e > self.cursor && e - self.cursor <= LOOKAHEAD {
+            self.early.extend((self.cursor..e).map(|j| j as u32));
         }
         self.cursor = e;
         self.skipped.clear();
@@ -939,6 +965,7 @@ impl Planning {
         self.active = chosen.map(|(i, ..)| i);
         self.cursor = chosen.map_or(0, |(_, j, _)| j);
         self.skipped.clear();
+        self.early.clear();
         self.matched.clear();
         if let Some(i) = self.active {
             self.plans[i].last_used = self.steps;
@@ -1129,6 +1156,7 @@ impl Planning {
         self.last_match = None;
         self.cursor = 0;
         self.skipped.clear();
+        self.early.clear();
         self.steps += 1;
         (StepProfile { step, requests }, repeated)
     }
@@ -1200,6 +1228,46 @@ impl Planning {
             self.shapes_vary = true;
         }
         self.forwards.clear();
+    }
+
+    /// The profile of a planned step of two with each training step's
+    /// inputs — its requests before its first forward pass, still live
+    /// there (a batch) — planned as live for the whole cycle (`None`: no
+    /// such request, or no marks). Their lifetime is the loop's, not the
+    /// model's: an evaluation between training steps may hold the last
+    /// batch until the next one, and a range the plan gave, through the
+    /// other window, to a large tensor later in the cycle would then miss
+    /// in every pair and have the dynamic path grow by it. Whole-cycle,
+    /// such an input only ever holds its own range (its next instance
+    /// then misses, and is small). At most 1/256 of `peak_live` bytes
+    /// change so; past that the profile is kept as it is.
+    fn inputs_held(&self, profile: &StepProfile, peak_live: u64) -> Option<StepProfile> {
+        let n = profile.requests.len();
+        let (marks, len) = &self.last_marks;
+        if self.period != 2 || *len != n || marks.iter().any(Vec::is_empty) {
+            return None;
+        }
+        let mid = (self.pair_mid as usize).min(n);
+        let spans = [(0, marks[0][0] as usize), (mid, marks[1][0] as usize)];
+        let mut held = Vec::new();
+        for (from, mark) in spans {
+            for k in from..mark.min(n) {
+                let r = &profile.requests[k];
+                if r.freed_at.is_none_or(|f| f as usize > mark) {
+                    held.push(k);
+                }
+            }
+        }
+        let bytes: u64 = held.iter().map(|&k| profile.requests[k].planned_bytes()).sum();
+        if held.is_empty() || bytes > peak_live / 256 {
+            return None;
+        }
+        let mut requests = profile.requests.clone();
+        for k in held {
+            requests[k].freed_at = None;
+            requests[k].wraps_to = Some(k as u32);
+        }
+        Some(StepProfile { step: profile.step, requests })
     }
 
     /// At the end of a planned step of two training steps: compares it with
@@ -1910,7 +1978,8 @@ impl<D: Device> Allocator<D> {
             }
         } else if worth && !good && !futile && !restored {
             let made = self.stats.plans;
-            self.make_plan(&profile)?;
+            let held = p.inputs_held(&profile, peak_live);
+            self.make_plan(held.as_ref().unwrap_or(&profile))?;
             let new_plan = self.stats.plans > made;
             // A plan of guessed lifetimes goes once one of known lifetimes
             // is made (it would be chosen by its own first request, which
@@ -3307,6 +3376,7 @@ impl<D: Device> Allocator<D> {
         } else {
             ranked.sort_unstable();
         }
+        ranked.dedup();
         let taken = ranked
             .into_iter()
             .take(ALIAS_TRIES)
@@ -3411,7 +3481,62 @@ impl<D: Device> Allocator<D> {
             }
             fits.push((blk.size, (hi - size) / PLAN_ALIGN * PLAN_ALIGN));
         }
+        self.slot_fits(a, size, &mut fits);
         fits
+    }
+
+    /// More candidates for [`Allocator::free_fits`] while a request that
+    /// missed its plan borrows arena `a`: the planned ranges of the next
+    /// entries of the active plan at least `size` bytes large, where they
+    /// lie in a free block of `a` (their start, and their end less `size`).
+    /// A free block's ends alone would displace what the plan allocates
+    /// there (in a nearly empty arena, an evaluation's tensors between two
+    /// training forward passes would find only the ranges of the largest
+    /// planned tensor); the plan's own slots for tensors of that size are
+    /// where tensors alike are expected to come and go. At most
+    /// [`SLOT_TRIES`] entries, nearest first. Work: O(F + S log F) for F
+    /// free blocks and S slots.
+    #[cold]
+    fn slot_fits(&self, a: usize, size: u64, fits: &mut Vec<(u64, u64)>) {
+        let Some(p) = self.planning.as_ref() else { return };
+        let Some((_, from, until)) = p.borrow.filter(|&(at, ..)| at == p.current.len() as u32) else { return };
+        let (Some(i), Some(arena)) = (p.active, p.arenas.get(a)) else { return };
+        if a + 1 != p.arenas.len() || Some(arena.seg) == p.kept_seg || fits.is_empty() {
+            return;
+        }
+        let plan = &p.plans[i];
+        let n = plan.keys.len() as u32;
+        // The free blocks at least `size` large, by offset.
+        let mut free: Vec<(u64, u64)> = Vec::new();
+        let blocks = &self.arena.blocks;
+        let mut b = self.arena.segments.get(arena.seg).first;
+        while let Some(blk) = blocks.try_get(b) {
+            b = blk.next;
+            if blk.is_free() && blk.size >= size {
+                free.push((blk.offset, blk.offset + blk.size));
+            }
+        }
+        let end = until.saturating_add(LOOKAHEAD as u32).min(from.saturating_add(LEND_HORIZON)).min(n);
+        let mut slots = 0;
+        for t in from..end {
+            let e = t as usize;
+            let Some(o) = plan.offsets[e].filter(|o| o & KEPT == 0) else { continue };
+            let bytes = plan.keys[e].0.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
+            if bytes < size {
+                continue;
+            }
+            let k = free.partition_point(|&(lo, _)| lo <= o);
+            let Some(&(lo, hi)) = k.checked_sub(1).map(|k| &free[k]) else { continue };
+            for off in [o, o + bytes - size] {
+                if lo <= off && off + size <= hi {
+                    fits.push((hi - lo, off));
+                }
+            }
+            slots += 1;
+            if slots == SLOT_TRIES {
+                break;
+            }
+        }
     }
 
     /// Before the dynamic path grows during a step no plan serves (none
