@@ -109,7 +109,13 @@ const ALIAS_TRIES: usize = 64;
 /// Planned ranges of the next entries offered as places when a request
 /// that missed its plan borrows an arena's free space (see
 /// [`Allocator::slot_fits`]).
-const SLOT_TRIES: usize = 256;
+const SLOT_TRIES: usize = 64;
+
+/// What identifies a miss that borrowed the arena ([`Planning::lent`]).
+type LentKey = (u32, u32, (u32, u32), u64, Key);
+
+/// Most borrowed offsets remembered ([`Planning::lent`]).
+const LENT_MEMO: usize = 1 << 14;
 
 /// Plan entries looked ahead when a request that missed its plan borrows
 /// an arena's free space (see [`Allocator::displaced`]).
@@ -182,6 +188,45 @@ struct StoredPlan {
     /// them from a step of its very requests). A planned step of two
     /// comes back to them at its forward passes ([`Planning::resync`]).
     forward_at: [Vec<u32>; 2],
+    /// Its entries' physical pieces by bucket of arena memory, for
+    /// [`Allocator::displaced`] (built on first use for the arena's size
+    /// and zone).
+    space: Option<SpaceIndex>,
+}
+
+/// The physical pieces of a plan's entries (those in its arena), each in
+/// every bucket of `1 << shift` bytes it meets: what a range of the arena
+/// holds over the plan's time is found from the few buckets it meets,
+/// without a scan of every entry.
+#[derive(Debug)]
+struct SpaceIndex {
+    /// The arena's (size, zone) it was built for.
+    key: (u64, u64),
+    shift: u32,
+    /// Per bucket: (piece start, piece end, entry, its planned bytes).
+    buckets: Vec<Vec<(u64, u64, u32, u64)>>,
+}
+
+impl SpaceIndex {
+    fn build(plan: &StoredPlan, size: u64, zone: u64) -> Self {
+        let phys = if zone == 0 { size } else { size / 2 };
+        let shift = (phys / 256).max(1).next_power_of_two().trailing_zeros().max(21);
+        let mut buckets = vec![Vec::new(); (phys >> shift) as usize + 1];
+        for (e, (o, k)) in plan.offsets.iter().zip(&plan.keys).enumerate() {
+            let Some(o) = o.filter(|o| o & KEPT == 0) else { continue };
+            let bytes = k.0.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
+            for (lo, hi) in physical(o, o + bytes, size, zone).into_iter().filter(|&(lo, hi)| lo < hi) {
+                // (Past the arena — a plan that needs a larger one —
+                // in the last bucket: no candidate lies there.)
+                let last = buckets.len() - 1;
+                let (b0, b1) = (((lo >> shift) as usize).min(last), (((hi - 1) >> shift) as usize).min(last));
+                for b in &mut buckets[b0..=b1] {
+                    b.push((lo, hi, e as u32, bytes));
+                }
+            }
+        }
+        SpaceIndex { key: (size, zone), shift, buckets }
+    }
 }
 
 impl StoredPlan {
@@ -233,6 +278,7 @@ impl StoredPlan {
             guessed_need: 0,
             roomed: Vec::new(),
             forward_at: Default::default(),
+            space: None,
         }
     }
 
@@ -549,6 +595,14 @@ pub(crate) struct Planning {
     /// it comes every step, so it displaces no planned request as large as
     /// the growth it saves (that one would grow as much, every step).
     borrow_planless: bool,
+    /// Where a miss borrowed the arena ([`Allocator::lend_idle_arena`]),
+    /// by (arena segment, active plan, (the request's index in the step,
+    /// the plan time it borrows from), the most it may displace, its key):
+    /// the same miss of the next such step (an evaluation's tensors, every
+    /// evaluation) first tries that offset, which displaced no more then
+    /// (the plan is the same; a range taken now is not served). At most
+    /// [`LENT_MEMO`] entries (then cleared).
+    lent: FxHashMap<LentKey, u64>,
     /// Dynamic cache to give back after the first step served by a new arena.
     trim_pending: bool,
     /// The smallest arena the device refused: larger plans are not installed.
@@ -742,6 +796,7 @@ impl Planning {
             last_match: None,
             borrow: None,
             borrow_planless: false,
+            lent: FxHashMap::default(),
             trim_pending: false,
             refused_arena: u64::MAX,
             step_hits: 0,
@@ -806,6 +861,7 @@ impl Planning {
     /// Drops every stored plan and the step's use of one.
     fn forget_plans(&mut self) {
         self.plans.clear();
+        self.lent.clear();
         self.resume = None;
         self.superseded = None;
         self.active = None;
@@ -1351,6 +1407,7 @@ impl Planning {
     /// Stores a plan: one per first request (a first-step plan aside), the
     /// least recently used going first when [`MAX_PLANS`] are kept.
     fn store(&mut self, mut stored: StoredPlan) {
+        self.lent.clear();
         if stored.forward_at.iter().all(Vec::is_empty) && self.last_marks.1 == stored.keys.len() {
             stored.forward_at = self.last_marks.0.clone();
         }
@@ -1634,7 +1691,8 @@ impl<D: Device> Allocator<D> {
         // Best fit among the ranges that displace least (as when lending).
         let mut fits: Vec<(u64, u64, usize, u64)> = Vec::new();
         for a in 0..arenas {
-            let free = self.free_fits(a, size);
+            let free = self.free_fits(a, size, u64::MAX);
+            self.index_space(a);
             let displaced = self.displaced(a, size, &free).unwrap_or_else(|| vec![0; free.len()]);
             fits.extend(displaced.into_iter().zip(free).map(|(d, (b, off))| (d, b, a, off)));
         }
@@ -3359,14 +3417,23 @@ impl<D: Device> Allocator<D> {
             }
         }
         let size = req.bytes.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
-        let fits = self.free_fits(last, size);
-        let displaced = self.displaced(last, size, &fits).unwrap_or_else(|| vec![0; fits.len()]);
         // Best fit among the ranges that displace least, and never a
         // planned request larger than the growth: growing costs less (for a
         // request the plan leaves dynamic, which comes every step: none
         // larger than half of it, which then needs little of its own).
         let planless = p.borrow_planless && p.borrow.is_some_and(|(at, ..)| at == p.current.len() as u32);
         let most = if planless { grow / 2 } else { grow.max(size) };
+        let window = p.borrow.filter(|&(at, ..)| at == p.current.len() as u32).map_or((0, 0), |(_, f, u)| (f, u));
+        let at = (p.current.len() as u32, window.0);
+        let memo = (arena.seg, p.active.map_or(u32::MAX, |i| i as u32), at, most, (req.bytes, req.kind, req.stream));
+        if let Some(&off) = p.lent.get(&memo) {
+            if let Some(t) = self.take_range(last, off, size, req.stream) {
+                return Some(t);
+            }
+        }
+        let fits = self.free_fits(last, size, most);
+        self.index_space(last);
+        let displaced = self.displaced(last, size, &fits).unwrap_or_else(|| vec![0; fits.len()]);
         let mut ranked: Vec<_> = displaced.into_iter().zip(fits).filter(|&(d, _)| d <= most).collect();
         if planless {
             // (Its instances alternate: each at the high end of its block,
@@ -3383,8 +3450,27 @@ impl<D: Device> Allocator<D> {
             .find_map(|(d, (_, off))| self.take_range(last, off, size, req.stream).map(|t| (t, d, off)));
         if let Some((_, displaced, offset)) = taken {
             tracing::trace!(bytes = req.bytes, grow, offset, displaced, "a miss borrows the arena");
+            let p = self.planning.as_mut().expect("planning is on");
+            if p.lent.len() >= LENT_MEMO {
+                p.lent.clear();
+            }
+            p.lent.insert(memo, offset);
         }
         taken.map(|(t, ..)| t)
+    }
+
+    /// Builds the active plan's [`SpaceIndex`] for arena `a` (the current
+    /// one) when it has none for that arena's size and zone.
+    #[cold]
+    fn index_space(&mut self, a: usize) {
+        let Some(p) = self.planning.as_mut() else { return };
+        let (Some(i), Some(arena)) = (p.active, p.arenas.get(a)) else { return };
+        let key = (arena.size, arena.zone);
+        let plan = &mut p.plans[i];
+        if plan.first_only || plan.space.as_ref().is_some_and(|ix| ix.key == key) {
+            return;
+        }
+        plan.space = Some(SpaceIndex::build(plan, key.0, key.1));
     }
 
     /// What taking each of `fits` ((free block bytes, offset) in arena
@@ -3397,7 +3483,9 @@ impl<D: Device> Allocator<D> {
     /// in turn and need as much beside the arena: a large tensor displaced
     /// so at the step's peak costs what the plan saved. `None` when no plan
     /// serves `a` or the request did not miss. Work: O(E log C + overlaps)
-    /// for E entries scanned and C candidates.
+    /// for E entries scanned and C candidates; with the plan's
+    /// [`SpaceIndex`] (a plan that is not a first step's), the pieces in
+    /// the buckets each candidate meets.
     #[cold]
     fn displaced(&self, a: usize, size: u64, fits: &[(u64, u64)]) -> Option<Vec<u64>> {
         let p = self.planning.as_ref()?;
@@ -3426,6 +3514,23 @@ impl<D: Device> Allocator<D> {
         // (A few entries past the expected end: a tensor freed a little
         // late must not have displaced what comes then.)
         let end = until.saturating_add(LOOKAHEAD as u32).min(from.saturating_add(LEND_HORIZON));
+        if let Some(ix) = plan.space.as_ref().filter(|ix| !plan.first_only && ix.key == (arena.size, zone)) {
+            // The entries of [from, end) are those of times `t mod n`.
+            let span = end.saturating_sub(from);
+            let within = |e: u32| span >= n || (e + n - from % n) % n < span;
+            for (c, &(_, off)) in fits.iter().enumerate() {
+                for (lo, hi) in physical(off, off + size, arena.size, zone).into_iter().filter(|&(lo, hi)| lo < hi) {
+                    let last = ix.buckets.len() - 1;
+                    let (b0, b1) = (((lo >> ix.shift) as usize).min(last), (((hi - 1) >> ix.shift) as usize).min(last));
+                    for &(elo, ehi, e, bytes) in ix.buckets[b0..=b1].iter().flatten() {
+                        if elo < hi && ehi > lo && bytes > displaced[c] && within(e) {
+                            displaced[c] = bytes;
+                        }
+                    }
+                }
+            }
+            return Some(displaced);
+        }
         for t in from..end {
             let (q, e) = match next {
                 _ if t < n => (plan, t as usize),
@@ -3452,9 +3557,11 @@ impl<D: Device> Allocator<D> {
     /// in the free space of arena `a`: per free block that large, its size
     /// and an offset: the block's start and its end; in an aliased arena,
     /// per window the block lies in, the first offset whose alias in the
-    /// other window is free too ([`alias_fit`]), and the block's end.
+    /// other window is free too ([`alias_fit`]), and the block's end; and
+    /// the plan's own slots for a request that borrows displacing at most
+    /// `most` bytes ([`Allocator::slot_fits`]); one per offset.
     #[cold]
-    fn free_fits(&self, a: usize, size: u64) -> Vec<(u64, u64)> {
+    fn free_fits(&self, a: usize, size: u64, most: u64) -> Vec<(u64, u64)> {
         let Some(arena) = self.planning.as_ref().and_then(|p| p.arenas.get(a)) else { return Vec::new() };
         let blocks = &self.arena.blocks;
         let half = arena.size / 2;
@@ -3481,14 +3588,17 @@ impl<D: Device> Allocator<D> {
             }
             fits.push((blk.size, (hi - size) / PLAN_ALIGN * PLAN_ALIGN));
         }
-        self.slot_fits(a, size, &mut fits);
+        self.slot_fits(a, size, most, &mut fits);
+        fits.sort_unstable_by_key(|&(b, off)| (off, b));
+        fits.dedup_by_key(|f| f.1);
         fits
     }
 
     /// More candidates for [`Allocator::free_fits`] while a request that
     /// missed its plan borrows arena `a`: the planned ranges of the next
-    /// entries of the active plan at least `size` bytes large, where they
-    /// lie in a free block of `a` (their start, and their end less `size`).
+    /// entries of the active plan at least `size` and at most `most` bytes
+    /// large (a slot of a larger one would displace it), where they lie in
+    /// a free block of `a` (their start, and their end less `size`).
     /// A free block's ends alone would displace what the plan allocates
     /// there (in a nearly empty arena, an evaluation's tensors between two
     /// training forward passes would find only the ranges of the largest
@@ -3497,7 +3607,7 @@ impl<D: Device> Allocator<D> {
     /// [`SLOT_TRIES`] entries, nearest first. Work: O(F + S log F) for F
     /// free blocks and S slots.
     #[cold]
-    fn slot_fits(&self, a: usize, size: u64, fits: &mut Vec<(u64, u64)>) {
+    fn slot_fits(&self, a: usize, size: u64, most: u64, fits: &mut Vec<(u64, u64)>) {
         let Some(p) = self.planning.as_ref() else { return };
         let Some((_, from, until)) = p.borrow.filter(|&(at, ..)| at == p.current.len() as u32) else { return };
         let (Some(i), Some(arena)) = (p.active, p.arenas.get(a)) else { return };
@@ -3522,7 +3632,7 @@ impl<D: Device> Allocator<D> {
             let e = t as usize;
             let Some(o) = plan.offsets[e].filter(|o| o & KEPT == 0) else { continue };
             let bytes = plan.keys[e].0.div_ceil(PLAN_ALIGN) * PLAN_ALIGN;
-            if bytes < size {
+            if bytes < size || bytes > most {
                 continue;
             }
             let k = free.partition_point(|&(lo, _)| lo <= o);
