@@ -357,6 +357,77 @@ fn stitching_reuses_the_pages_of_holes() {
     a.check_invariants().unwrap();
 }
 
+/// Beside 1.25 GiB already reserved, a growth's pages are one physical
+/// allocation (one device call, as a `cudaMalloc` would be: a chunk may hold
+/// 1/64 of what is reserved); a trimmed page of an allocation whose other
+/// pages hold tensors stays reserved as a spare page, the next growth takes
+/// it without a device call, and the allocation goes back to the device once
+/// none of its pages is in use. Contents survive every step. (Small runs,
+/// like the others here, make a page at a time.)
+#[test]
+fn a_growth_is_one_device_allocation_and_its_trimmed_pages_wait_as_spares() {
+    // Host-backed: the big tensor's host memory is never touched.
+    let dev = SimDevice::new(SimConfig { capacity: 2048 * MIB, host_backed: true, ..SimConfig::default() });
+    let p = Policies {
+        placement: Box::new(PytorchPlacement),
+        reclamation: Box::new(StitchTrimCompact),
+        eviction: Box::new(LruEviction),
+    };
+    let mut a = Allocator::new(dev, p);
+    let base = a.alloc(1280 * MIB, TensorKind::Param, StreamId(0)).unwrap();
+    assert_eq!(a.stats().device_alloc_calls, 640, "nothing reserved yet: page by page");
+    let whole = a.alloc(20 * MIB, TensorKind::Activation, StreamId(0)).unwrap();
+    a.free(whole).unwrap();
+    let ids: Vec<_> = (0..5).map(|_| a.alloc(4 * MIB, TensorKind::Activation, StreamId(0)).unwrap()).collect();
+    assert_eq!(a.stats().device_alloc_calls, 641, "ten pages, one device call");
+    assert_eq!(a.device().counters().alloc_calls, 641);
+    for (i, &id) in ids.iter().enumerate() {
+        a.write(id, 0, &pattern(i as u64, 0, 4096)).unwrap();
+    }
+    // Trimming the holes' pages: their allocation still holds three
+    // tensors, so the device gets nothing back and the pages stay reserved.
+    a.free(ids[1]).unwrap();
+    a.free(ids[3]).unwrap();
+    let released =
+        a.release_cached(&ReclaimDecision { release_bytes: u64::MAX, trim: true, ..ReclaimDecision::none() }).unwrap();
+    assert_eq!(released, 0, "nothing went back to the device");
+    assert_eq!(a.gauges().reserved_bytes, 1300 * MIB, "16 MiB in segments and 4 spare pages");
+    assert_eq!(a.device().counters().used_bytes, 1300 * MIB);
+    assert_eq!(a.stats().device_free_calls, 0);
+    a.check_invariants().unwrap();
+    a.device().check_invariants().unwrap();
+    // A 6 MiB growth takes the four spare pages (no device call) into a new
+    // segment: the memory reserved does not grow.
+    let big = a.alloc(6 * MIB, TensorKind::Activation, StreamId(0)).unwrap();
+    a.write(big, 0, &pattern(7, 0, 6 * MIB as usize)).unwrap();
+    assert_eq!(a.stats().device_alloc_calls, 641, "spare pages, no device call");
+    assert_eq!(a.device().counters().used_bytes, 1300 * MIB);
+    a.check_invariants().unwrap();
+    a.device().check_invariants().unwrap();
+    for (i, &id) in ids.iter().enumerate().filter(|&(i, _)| i % 2 == 0) {
+        let mut got = vec![0u8; 4096];
+        a.read(id, 0, &mut got).unwrap();
+        assert_eq!(got, pattern(i as u64, 0, 4096), "tensor {i}");
+    }
+    let mut got = vec![0u8; 6 * MIB as usize];
+    a.read(big, 0, &mut got).unwrap();
+    assert_eq!(got, pattern(7, 0, 6 * MIB as usize));
+    // Everything freed and given back: the allocation goes, in one call.
+    for id in [ids[0], ids[2], ids[4], big] {
+        a.free(id).unwrap();
+    }
+    a.release_cached(&ReclaimDecision::all()).unwrap();
+    a.check_invariants().unwrap();
+    a.device().check_invariants().unwrap();
+    assert_eq!(a.gauges().reserved_bytes, 1280 * MIB);
+    assert_eq!(a.device().counters().used_bytes, 1280 * MIB);
+    assert_eq!(a.stats().device_free_calls, 1);
+    a.free(base).unwrap();
+    a.release_cached(&ReclaimDecision::all()).unwrap();
+    assert_eq!((a.gauges().reserved_bytes, a.gauges().segments), (0, 0));
+    assert_eq!(a.device().counters().used_bytes, 0, "every page and reservation went back");
+}
+
 /// The built-in `defrag` set stitches and never synchronizes the device.
 #[test]
 fn builtin_defrag_stitches_without_syncs() {

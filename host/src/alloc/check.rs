@@ -59,6 +59,8 @@ impl<D: Device> Allocator<D> {
             total.reserved_bytes += c.reserved_bytes;
             total.segments += c.segments;
         }
+        // Spare pages are reserved outside any pool.
+        total.reserved_bytes += self.paging.spare_counted;
         let g = &self.stats.bytes;
         if (g.live_bytes, g.allocated_bytes, g.reserved_bytes, g.segments)
             != (total.live_bytes, total.allocated_bytes, total.reserved_bytes, total.segments)

@@ -213,7 +213,8 @@ impl<D: Device> Allocator<D> {
         } else {
             (self.device.alloc_segment(bytes)?, None)
         };
-        self.stats.device_alloc_calls += paged.as_ref().map_or(1, |p| p.pages.len() as u64);
+        // (A paged segment's chunk is counted where it is made.)
+        self.stats.device_alloc_calls += u64::from(paged.is_none());
         let seg = self.arena.segments.insert(Segment {
             base,
             size: bytes,

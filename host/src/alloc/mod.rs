@@ -860,11 +860,16 @@ impl<D: Device> Allocator<D> {
     /// Releases a segment whose single free block is not in the free index.
     fn release_segment(&mut self, seg_idx: u32) -> Result<(), AllocError> {
         let seg = *self.arena.segments.get(seg_idx);
+        // The gauges first: pages of chunks still in use stay reserved
+        // (spare), counted again once they are settled.
+        self.stats.bytes.sub_reserved(seg.size);
+        self.arena.pools[seg.pool as usize].gauges.sub_reserved(seg.size);
         if let Some(p) = self.paging.segs.remove(&seg_idx) {
             // Unmapping is not ordered on the stream: wait for the segment's
             // stream first (not the whole device, where the backend can).
             self.quiesce(&[seg.stream])?;
-            self.stats.device_free_calls += self.release_paged(&seg, p)?;
+            self.release_paged(&seg, p)?;
+            self.settle_spare();
         } else {
             self.device.free_segment(seg.base)?;
             self.stats.device_free_calls += 1;
@@ -873,8 +878,6 @@ impl<D: Device> Allocator<D> {
         }
         self.arena.blocks.remove(seg.first);
         self.arena.segments.remove(seg_idx);
-        self.stats.bytes.sub_reserved(seg.size);
-        self.arena.pools[seg.pool as usize].gauges.sub_reserved(seg.size);
         self.record(ActionKind::SegmentFree, seg.base, seg.size, seg.stream, None);
         Ok(())
     }

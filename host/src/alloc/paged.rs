@@ -3,9 +3,20 @@
 //! While the reclamation policy asks for it ([`ReclamationPolicy::paged_segments`]
 //! — read at each growth) and the device has a virtual memory API
 //! (granularity > 0), a segment of at least two pages is built from
-//! individually mapped physical pages: one virtual reservation, one physical
-//! allocation per page (`cuMemAddressReserve` + `cuMemCreate` + `cuMemMap` on
-//! CUDA), instead of one `cudaMalloc`.
+//! individually mapped physical pages: one virtual reservation, each page
+//! mapped on its own (`cuMemAddressReserve` + `cuMemMap` on CUDA), instead
+//! of one `cudaMalloc`. A page is a part of a physical allocation, a
+//! *chunk*: the fresh pages of one growth are one chunk (`cuMemCreate` once,
+//! each page mapped at its offset: [`Device::map_part`]) of at most
+//! 1/[`CHUNK_SHARE`] of the bytes reserved then (a page at a time where that
+//! is less than two pages, or where the device cannot map parts). A page
+//! given back (trim, release) while other pages of its chunk are in use
+//! stays *spare*: reserved, in no pool; the next growth, stitch or arena
+//! takes spare pages before it makes a chunk, and a chunk goes back to the
+//! device once all its pages are spare. The share bounds what a chunk can
+//! keep from the device (measured: no overhead changed on any trace).
+//!
+//! [`Device::map_part`]: crate::device::Device::map_part
 //!
 //! - **Stitching** (GMLake): when a pool must grow and the reclamation
 //!   decision says `stitch`, the whole pages inside its free blocks are
@@ -46,7 +57,11 @@
 //!   no other segment's bytes (it may be less than the truth: the room a
 //!   released neighbour leaves is not claimed);
 //! - a reservation's reference count equals the number of segments inside it,
-//!   and a reservation with no segment is released at once.
+//!   and a reservation with no segment is released at once;
+//! - a chunk has fewer spare pages than pages (one all spare is released),
+//!   and the reserved gauge counts the spare pages
+//!   (`Paging::spare_counted`, settled by `Allocator::settle_spare` after the
+//!   pools' gauges drop, so that no peak counts a page twice).
 //!
 //! [`ReclamationPolicy::paged_segments`]: crate::decision::ReclamationPolicy::paged_segments
 
@@ -55,11 +70,33 @@ use super::{ActionKind, AllocError, Allocator};
 use crate::device::{Device, DeviceError, DevicePtr, PhysHandle};
 use crate::types::StreamId;
 
+/// One page of paged memory: a granule of a physical allocation (a
+/// *chunk*, made for one growth: one device call for all its pages) from
+/// `off` on. A chunk goes back to the device once none of its pages is in
+/// use; until then a page given back is *spare* (still reserved), and the
+/// next growth takes spare pages before it makes a chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Page {
+    /// The physical allocation.
+    pub chunk: PhysHandle,
+    /// Offset of the page in it.
+    pub off: u64,
+}
+
+/// A physical allocation pages are cut from.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Chunk {
+    /// Its pages.
+    pages: u64,
+    /// Offsets of its spare pages (given back, not mapped).
+    spare: Vec<u64>,
+}
+
 /// The pages of one paged segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PagedSeg {
-    /// Physical page `i` is mapped at `segment.base + i × page`.
-    pub pages: Vec<PhysHandle>,
+    /// Page `i` is mapped at `segment.base + i × page`.
+    pub pages: Vec<Page>,
     /// The reservation the segment lies in (key of `Allocator::reservations`).
     pub resv: DevicePtr,
     /// Bytes of address space right after the segment's end, inside its
@@ -75,6 +112,14 @@ pub(crate) struct Paging {
     pub segs: rustc_hash::FxHashMap<u32, PagedSeg>,
     /// Virtual reservations of paged segments (by base address).
     pub reservations: rustc_hash::FxHashMap<DevicePtr, Reservation>,
+    /// The physical allocations pages are cut from (by handle), in the
+    /// order they were made.
+    pub chunks: std::collections::BTreeMap<u64, Chunk>,
+    /// Spare pages in all chunks.
+    pub spare_pages: u64,
+    /// Bytes of spare pages counted in the reserved gauge
+    /// ([`Allocator::settle_spare`]).
+    pub spare_counted: u64,
 }
 
 impl Paging {
@@ -110,6 +155,20 @@ impl Paging {
             if refs.get(va).copied().unwrap_or(0) != r.refs {
                 return Err(format!("reservation {va:#x} counts {} segments, holds {:?}", r.refs, refs.get(va)));
             }
+        }
+        let mut spare = 0u64;
+        for (h, c) in &self.chunks {
+            let n = c.spare.len() as u64;
+            if c.pages == 0 || n >= c.pages || c.spare.iter().any(|&o| o % page.max(1) != 0 || o >= c.pages * page) {
+                return Err(format!("chunk {h} of {} pages holds {n} spare pages (or a bad offset)", c.pages));
+            }
+            spare += n;
+        }
+        if spare != self.spare_pages || self.spare_counted != spare * page {
+            return Err(format!(
+                "{spare} spare pages in chunks, {} counted, {} bytes in the gauge",
+                self.spare_pages, self.spare_counted
+            ));
         }
         Ok(())
     }
@@ -150,6 +209,10 @@ struct PageRunIdx {
     count: u64,
 }
 
+/// A chunk holds at most `1 / CHUNK_SHARE` of the memory reserved when it
+/// is made (and one page more).
+const CHUNK_SHARE: u64 = 64;
+
 impl<D: Device> Allocator<D> {
     /// The page size for paged segments, or 0 when they cannot be used now.
     pub(super) fn paged_page(&self, segment_bytes: u64) -> u64 {
@@ -180,22 +243,99 @@ impl<D: Device> Allocator<D> {
         Ok(())
     }
 
-    /// Obtains `pages` fresh physical pages; on failure releases those
-    /// already created and returns the device's error.
-    fn create_pages(&mut self, pages: u64, page: u64) -> Result<Vec<PhysHandle>, DeviceError> {
+    /// Obtains `pages` pages not in use: spare ones first, then one chunk
+    /// for the rest (one device call; one per page where the device cannot
+    /// map part of an allocation), counted in `device_alloc_calls`. The
+    /// reserved gauge drops by the spare pages taken (the caller counts
+    /// the pages where it puts them). On failure nothing changes and the
+    /// device's error is returned.
+    pub(super) fn create_pages(&mut self, pages: u64, page: u64) -> Result<Vec<Page>, DeviceError> {
         let mut out = Vec::with_capacity(pages as usize);
-        for _ in 0..pages {
-            match self.device.create_physical(page) {
-                Ok(h) => out.push(h),
+        if self.paging.spare_pages > 0 {
+            for (&h, c) in self.paging.chunks.iter_mut() {
+                while (out.len() as u64) < pages {
+                    let Some(off) = c.spare.pop() else { break };
+                    out.push(Page { chunk: PhysHandle(h), off });
+                }
+                if out.len() as u64 == pages {
+                    break;
+                }
+            }
+            self.paging.spare_pages -= out.len() as u64;
+            self.settle_spare();
+        }
+        let rest = pages - out.len() as u64;
+        // A chunk's free pages wait (spare) while any of its pages is in
+        // use: a chunk holds at most 1/64 of what is reserved (and a page
+        // more), so that what a chunk can keep from the device stays small
+        // beside the run's memory (small runs page by page, as before).
+        let cap = if self.device.maps_parts() { self.stats.bytes.reserved_bytes / CHUNK_SHARE / page + 1 } else { 1 };
+        let chunks: Vec<u64> = (0..rest.div_ceil(cap)).map(|k| cap.min(rest - k * cap)).collect();
+        let taken = out.len();
+        for n in chunks {
+            match self.device.create_physical(n * page) {
+                Ok(h) => {
+                    self.stats.device_alloc_calls += 1;
+                    self.paging.chunks.insert(h.0, Chunk { pages: n, spare: Vec::new() });
+                    out.extend((0..n).map(|i| Page { chunk: h, off: i * page }));
+                }
                 Err(e) => {
-                    for h in out {
-                        self.device.release_physical(h)?;
-                    }
+                    // What was made goes back; the spare pages taken stay spare.
+                    let made: Vec<Page> = out.drain(taken..).collect();
+                    self.release_pages(&out)?;
+                    self.release_pages(&made)?;
+                    self.settle_spare();
                     return Err(e);
                 }
             }
         }
         Ok(out)
+    }
+
+    /// Gives back pages no longer mapped: each becomes spare, and a chunk
+    /// all of whose pages are spare goes back to the device (counted in
+    /// `device_free_calls`). The reserved gauge follows at the caller's
+    /// next [`Allocator::settle_spare`], once it has taken the pages' bytes
+    /// out of its own gauges.
+    pub(super) fn release_pages(&mut self, pages: &[Page]) -> Result<(), DeviceError> {
+        for p in pages {
+            let c = self.paging.chunks.get_mut(&p.chunk.0).expect("a page's chunk is known");
+            if c.spare.len() as u64 + 1 < c.pages {
+                c.spare.push(p.off);
+                self.paging.spare_pages += 1;
+                continue;
+            }
+            let spare = c.spare.len() as u64;
+            self.device.release_physical(p.chunk)?;
+            self.paging.chunks.remove(&p.chunk.0);
+            self.paging.spare_pages -= spare;
+            self.stats.device_free_calls += 1;
+        }
+        Ok(())
+    }
+
+    /// Brings the reserved gauge in line with the spare pages (which are
+    /// reserved memory outside any pool). Called after the gauges of the
+    /// pools have dropped by the pages given back, so that the peak never
+    /// counts a page twice.
+    pub(super) fn settle_spare(&mut self) {
+        let want = self.paging.spare_pages * self.device.granularity();
+        let had = self.paging.spare_counted;
+        if want > had {
+            self.stats.bytes.grow(want - had);
+        } else {
+            self.stats.bytes.shrink(had - want);
+        }
+        self.paging.spare_counted = want;
+    }
+
+    /// Maps page `p` at `va`.
+    pub(super) fn map_page(&mut self, va: DevicePtr, p: Page, page: u64) -> Result<(), DeviceError> {
+        if p.off == 0 && self.paging.chunks.get(&p.chunk.0).is_some_and(|c| c.pages == 1) {
+            self.device.map(va, p.chunk)
+        } else {
+            self.device.map_part(va, p.chunk, p.off, page)
+        }
     }
 
     /// Address space reserved after a new paged segment's pages, so that it
@@ -212,7 +352,7 @@ impl<D: Device> Allocator<D> {
     /// `room` more; returns its base and records the reservation.
     /// On failure everything is unmapped again; the pages stay unmapped and
     /// owned by the caller.
-    fn map_pages(&mut self, pages: &[PhysHandle], page: u64, room: u64) -> Result<DevicePtr, DeviceError> {
+    fn map_pages(&mut self, pages: &[Page], page: u64, room: u64) -> Result<DevicePtr, DeviceError> {
         let size = pages.len() as u64 * page + room;
         let va = self.device.reserve_virtual(size)?;
         if let Err(e) = self.map_at(va, pages, page) {
@@ -224,9 +364,9 @@ impl<D: Device> Allocator<D> {
     }
 
     /// Maps `pages` in order from `va`; on failure unmaps them again.
-    fn map_at(&mut self, va: DevicePtr, pages: &[PhysHandle], page: u64) -> Result<(), DeviceError> {
+    fn map_at(&mut self, va: DevicePtr, pages: &[Page], page: u64) -> Result<(), DeviceError> {
         for (i, &h) in pages.iter().enumerate() {
-            if let Err(e) = self.device.map(va + i as u64 * page, h) {
+            if let Err(e) = self.map_page(va + i as u64 * page, h, page) {
                 for j in 0..i {
                     self.device.unmap(va + j as u64 * page)?;
                 }
@@ -247,25 +387,24 @@ impl<D: Device> Allocator<D> {
                 Ok((va, PagedSeg { pages, resv: va, room }))
             }
             Err(e) => {
-                for h in pages {
-                    self.device.release_physical(h)?;
-                }
+                self.release_pages(&pages)?;
+                self.settle_spare();
                 Err(e)
             }
         }
     }
 
-    /// Unmaps and releases a paged segment's pages (the segment itself is
-    /// removed by the caller); releases the reservation when it was the last
-    /// segment in it. Returns the number of pages released.
-    pub(super) fn release_paged(&mut self, seg: &Segment, ps: PagedSeg) -> Result<u64, AllocError> {
+    /// Unmaps and gives back a paged segment's pages (the segment itself is
+    /// removed by the caller, which settles the spare pages after its
+    /// gauges); releases the reservation when it was the last segment in it.
+    pub(super) fn release_paged(&mut self, seg: &Segment, ps: PagedSeg) -> Result<(), AllocError> {
         let page = self.device.granularity();
-        for (i, &h) in ps.pages.iter().enumerate() {
+        for i in 0..ps.pages.len() {
             self.device.unmap(seg.base + i as u64 * page)?;
-            self.device.release_physical(h)?;
         }
+        self.release_pages(&ps.pages)?;
         self.drop_resv_ref(ps.resv)?;
-        Ok(ps.pages.len() as u64)
+        Ok(())
     }
 
     fn drop_resv_ref(&mut self, resv: DevicePtr) -> Result<(), AllocError> {
@@ -321,7 +460,7 @@ impl<D: Device> Allocator<D> {
     /// `run.block` of a paged segment: unmaps them and cuts the segment around
     /// them. Returns the (unmapped) physical pages; the reserved gauges drop
     /// by their bytes.
-    fn carve(&mut self, run: PageRun) -> Result<Vec<PhysHandle>, AllocError> {
+    fn carve(&mut self, run: PageRun) -> Result<Vec<Page>, AllocError> {
         let page = self.device.granularity();
         let blk = run.block;
         let b0 = *self.arena.blocks.get(blk);
@@ -456,7 +595,7 @@ impl<D: Device> Allocator<D> {
 
     /// Carves the runs of `plan` (their streams waited for first) and
     /// returns their pages in order.
-    pub(super) fn take_runs(&mut self, plan: Vec<PageRun>) -> Result<Vec<PhysHandle>, AllocError> {
+    pub(super) fn take_runs(&mut self, plan: Vec<PageRun>) -> Result<Vec<Page>, AllocError> {
         let streams: Vec<StreamId> =
             plan.iter().map(|r| self.arena.segments.get(self.arena.blocks.get(r.block).segment).stream).collect();
         self.quiesce(&streams)?;
@@ -507,7 +646,6 @@ impl<D: Device> Allocator<D> {
         self.paging.segs.insert(seg, PagedSeg { pages, resv: va, room });
         self.stats.bytes.add_reserved(size);
         self.arena.pools[pool as usize].gauges.add_reserved(size);
-        self.stats.device_alloc_calls += need - have;
         self.stats.stitches += 1;
         self.stats.stitched_bytes += have * page;
         self.stats.paged_segments += 1;
@@ -605,7 +743,6 @@ impl<D: Device> Allocator<D> {
         ps.pages.extend(pages);
         self.stats.bytes.grow(added);
         self.arena.pools[pool as usize].gauges.grow(added);
-        self.stats.device_alloc_calls += need - have;
         if have > 0 {
             self.stats.stitches += 1;
             self.stats.stitched_bytes += have * page;
@@ -632,13 +769,16 @@ impl<D: Device> Allocator<D> {
             run.count = run.count.min((target - released).div_ceil(page));
             let stream = self.arena.segments.get(self.arena.blocks.get(run.block).segment).stream;
             self.quiesce(&[stream])?;
-            for h in self.carve(run)? {
-                self.device.release_physical(h)?;
-                self.stats.device_free_calls += 1;
-            }
+            let pages = self.carve(run)?;
+            self.release_pages(&pages)?;
             released += run.count * page;
-            self.stats.trimmed_bytes += run.count * page;
         }
+        // Pages of chunks still in use stay reserved (spare): what the
+        // device got back is what left the gauge.
+        let before = self.stats.bytes.reserved_bytes + released;
+        self.settle_spare();
+        let released = before - self.stats.bytes.reserved_bytes;
+        self.stats.trimmed_bytes += released;
         Ok(released)
     }
 }

@@ -83,6 +83,7 @@ use std::path::{Path, PathBuf};
 
 use rustc_hash::FxHashMap;
 
+use super::paged::Page;
 use super::period::PeriodDetector;
 use super::plan_cache::{CacheContent, CacheError, CachedPlan};
 use super::policies::RoleHealth;
@@ -391,7 +392,17 @@ struct Arena {
     /// ([`Allocator::paged_aliased_arena`]): per part, the pages mapped from
     /// its start (in both windows), before its allocation in `phys` (then
     /// the rest of the part, if any).
-    zone_pages: Option<Box<[Vec<PhysHandle>; 3]>>,
+    zone_pages: Option<Box<[Vec<Page>; 3]>>,
+}
+
+/// Physical memory mapped into an aliased arena: a page of the dynamic
+/// path's, or an allocation of its own (mapped whole).
+#[derive(Debug, Clone, Copy)]
+enum Piece {
+    /// A page (of a chunk the paging part keeps).
+    Page(Page),
+    /// An allocation of the arena's own.
+    Whole(PhysHandle),
 }
 
 /// The physical memory of a plain arena mapped from pages, in order from
@@ -400,7 +411,7 @@ struct Arena {
 #[derive(Debug)]
 struct ArenaPages {
     /// Page `i` is mapped at `base + i × page`.
-    pages: Vec<PhysHandle>,
+    pages: Vec<Page>,
     /// Mapped right after the pages.
     rest: Option<PhysHandle>,
 }
@@ -435,10 +446,11 @@ impl Arena {
     /// An aliased arena's physical allocations of part `i`, in order from
     /// the part's start, each with its offset in the part: its pages of
     /// `page` bytes, then its allocation in `phys`.
-    fn part_handles(&self, i: usize, page: u64) -> Vec<(PhysHandle, u64)> {
+    fn part_handles(&self, i: usize, page: u64) -> Vec<(Piece, u64)> {
         let pages = self.zone_pages.as_ref().map_or(&[][..], |z| &z[i][..]);
-        let mut out: Vec<(PhysHandle, u64)> = pages.iter().enumerate().map(|(j, &h)| (h, j as u64 * page)).collect();
-        out.extend(self.phys[i].map(|h| (h, pages.len() as u64 * page)));
+        let mut out: Vec<(Piece, u64)> =
+            pages.iter().enumerate().map(|(j, &h)| (Piece::Page(h), j as u64 * page)).collect();
+        out.extend(self.phys[i].map(|h| (Piece::Whole(h), pages.len() as u64 * page)));
         out
     }
 
@@ -2820,8 +2832,18 @@ impl<D: Device> Allocator<D> {
             p.high_water.max(cached)
         });
         let high_water = high_water.max(self.stats.bytes.peak_reserved_bytes);
-        let estimate =
-            self.stats.bytes.reserved_bytes.saturating_sub(self.dynamic_releasable()).saturating_add(holds + kept);
+        // Spare pages (of chunks that persistent tensors still use) are
+        // reserved either way: an arena mapped from pages takes them.
+        let g = self.device.granularity();
+        let paged =
+            g > 0 && self.paged_page(want) > 0 && (zone == 0 || (want / 2).is_multiple_of(g) && zone.is_multiple_of(g));
+        let spare_bytes = |a: &Self| if paged { a.paging.spare_pages * g } else { 0 };
+        let estimate = self
+            .stats
+            .bytes
+            .reserved_bytes
+            .saturating_sub(self.dynamic_releasable() + spare_bytes(self).min(holds))
+            .saturating_add(holds + kept);
         let page = if self.policies.reclamation_wants_pages() { self.device.granularity() } else { 0 };
         let high_water = self.guessed_high_water(i, high_water).saturating_add(page);
         if estimate > high_water {
@@ -2838,7 +2860,8 @@ impl<D: Device> Allocator<D> {
         };
         let in_place = if stitched.is_some() { 0 } else { holds };
         self.release_cached(&ReclaimDecision { trim: true, ..ReclaimDecision::all() })?;
-        let after = self.stats.bytes.reserved_bytes.saturating_add(in_place + kept);
+        let spare = if stitched.is_none() { spare_bytes(self).min(in_place) } else { 0 };
+        let after = self.stats.bytes.reserved_bytes.saturating_add(in_place + kept) - spare;
         if after > high_water {
             if let Some(a) = stitched {
                 self.release_arena(a)?;
@@ -2850,8 +2873,17 @@ impl<D: Device> Allocator<D> {
         if first_only {
             self.planning.as_mut().expect("planning is on").deferred_arena = want;
         } else {
+            // (The spare pages the cache left: taken, as by a deferred arena.)
             let made = match stitched {
                 Some(a) => Some(a),
+                None if spare > 0 && zone > 0 => match self.paged_aliased_arena(want / 2, zone, pending)? {
+                    Some(a) => Some(a),
+                    None => self.new_aliased_arena(want / 2, zone, pending)?,
+                },
+                None if spare > 0 => match self.stitched_arena(want)? {
+                    Some(a) => Some(a),
+                    None => self.new_arena(want)?,
+                },
                 None if zone > 0 => self.new_aliased_arena(want / 2, zone, pending)?,
                 None => self.new_arena(want)?,
             };
@@ -2899,15 +2931,17 @@ impl<D: Device> Allocator<D> {
         let need = size.div_ceil(page);
         // Whole pages: where rounding up to them would hold more than
         // 1/1000 more than the plan's arena (arenas under 2 GiB, unless
-        // nearly whole pages), the arena is allocated at its own size.
-        if (need * page - size).saturating_mul(1000) > size {
+        // nearly whole pages), the arena is allocated at its own size —
+        // unless spare pages are at hand (reserved whatever is done).
+        if (need * page - size).saturating_mul(1000) > size && self.paging.spare_pages == 0 {
             return Ok(None);
         }
         let (plan, have) = self.plan_runs(need, NIL);
-        if have == 0 {
+        let spare = self.paging.spare_pages.min(need - have);
+        if have + spare == 0 {
             return Ok(None);
         }
-        let rest = match need - have {
+        let rest = match need - have - spare {
             0 => None,
             n => match self.device.create_physical(n * page) {
                 Ok(h) => Some(h),
@@ -2918,13 +2952,17 @@ impl<D: Device> Allocator<D> {
         let bytes = need * page;
         // Unmapping and mapping the pages blocks like giving them back does.
         let t0 = self.device.counters().time_us;
-        let pages = self.take_runs(plan)?;
+        let mut pages = self.take_runs(plan)?;
+        // Spare pages (fewer than asked for: no device call).
+        pages.extend(self.create_pages(spare, page)?);
         let held = ArenaPages { pages, rest };
         let base = match self.map_arena_pages(&held, bytes, page) {
             Ok(va) => va,
             Err(e) => {
                 // The pages left the dynamic path: they go back to the device.
-                for h in held.pages.iter().copied().chain(held.rest) {
+                self.release_pages(&held.pages)?;
+                self.settle_spare();
+                if let Some(h) = held.rest {
                     self.device.release_physical(h)?;
                     self.stats.device_free_calls += 1;
                 }
@@ -2933,7 +2971,7 @@ impl<D: Device> Allocator<D> {
         };
         self.stats.device_alloc_calls += u64::from(rest.is_some());
         self.stats.stitches += 1;
-        self.stats.stitched_bytes += have * page;
+        self.stats.stitched_bytes += (have + spare) * page;
         let pool = self.planned_pool();
         let seg = self.arena.segments.insert(Segment {
             base,
@@ -2960,8 +2998,14 @@ impl<D: Device> Allocator<D> {
     /// releases the reservation (the physical memory stays the caller's).
     fn map_arena_pages(&mut self, held: &ArenaPages, bytes: u64, page: u64) -> Result<DevicePtr, DeviceError> {
         let va = self.device.reserve_virtual(bytes)?;
-        for (i, h) in held.pages.iter().copied().chain(held.rest).enumerate() {
-            if let Err(e) = self.device.map(va + i as u64 * page, h) {
+        let n = held.pages.len();
+        for i in 0..n + usize::from(held.rest.is_some()) {
+            let at = va + i as u64 * page;
+            let r = match held.pages.get(i) {
+                Some(&p) => self.map_page(at, p, page),
+                None => self.device.map(at, held.rest.expect("one past the pages: the rest")),
+            };
+            if let Err(e) = r {
                 for j in 0..i as u64 {
                     self.device.unmap(va + j * page)?;
                 }
@@ -3022,7 +3066,9 @@ impl<D: Device> Allocator<D> {
         let parts = Arena { zone, pending, ..Arena::new(0, 0, size, NIL) }.parts();
         let made: Vec<usize> = (0..3).filter(|&i| parts[i].0 > 0 && pending != Some(i)).collect();
         let need: u64 = made.iter().map(|&i| parts[i].0 / page).sum();
-        let (plan, have) = self.plan_runs(need, NIL);
+        let (plan, runs) = self.plan_runs(need, NIL);
+        let spare = self.paging.spare_pages.min(need - runs);
+        let have = runs + spare;
         if have == 0 {
             return Ok(None);
         }
@@ -3041,6 +3087,7 @@ impl<D: Device> Allocator<D> {
                 Err(e) => {
                     for h in phys.into_iter().flatten() {
                         self.device.release_physical(h)?;
+                        self.stats.device_free_calls += 1;
                     }
                     return match e {
                         DeviceError::OutOfMemory { .. } => Ok(None),
@@ -3051,8 +3098,10 @@ impl<D: Device> Allocator<D> {
         }
         // Unmapping and mapping the pages blocks like giving them back does.
         let t0 = self.device.counters().time_us;
-        let mut taken = self.take_runs(plan)?.into_iter();
-        let mut zone_pages: [Vec<PhysHandle>; 3] = Default::default();
+        let mut taken = self.take_runs(plan)?;
+        taken.extend(self.create_pages(spare, page)?);
+        let mut taken = taken.into_iter();
+        let mut zone_pages: [Vec<Page>; 3] = Default::default();
         for &i in &made {
             zone_pages[i] = taken.by_ref().take(counts[i] as usize).collect();
         }
@@ -3064,10 +3113,10 @@ impl<D: Device> Allocator<D> {
                 // The pages left the dynamic path: they go back to the device.
                 for i in 0..3 {
                     for (h, _) in shape.part_handles(i, page) {
-                        self.device.release_physical(h)?;
-                        self.stats.device_free_calls += 1;
+                        self.release_piece(h)?;
                     }
                 }
+                self.settle_spare();
                 return Err(e.into());
             }
         };
@@ -3092,6 +3141,28 @@ impl<D: Device> Allocator<D> {
         Ok(Some(arena))
     }
 
+    /// Maps `piece` (a page, or an allocation whole) at `va`.
+    fn map_piece(&mut self, va: DevicePtr, piece: Piece, page: u64) -> Result<(), DeviceError> {
+        match piece {
+            Piece::Page(p) => self.map_page(va, p, page),
+            Piece::Whole(h) => self.device.map(va, h),
+        }
+    }
+
+    /// Gives back `piece`, no longer mapped: a page becomes spare (its
+    /// chunk goes once all its pages are: the caller settles), an
+    /// allocation goes to the device.
+    fn release_piece(&mut self, piece: Piece) -> Result<(), DeviceError> {
+        match piece {
+            Piece::Page(p) => self.release_pages(&[p]),
+            Piece::Whole(h) => {
+                self.device.release_physical(h)?;
+                self.stats.device_free_calls += 1;
+                Ok(())
+            }
+        }
+    }
+
     /// Maps the parts of the aliased arena `a` (its base not set yet) at
     /// both windows of a new reservation; on failure unmaps what was mapped
     /// and releases the reservation (the physical memory stays the
@@ -3102,7 +3173,7 @@ impl<D: Device> Allocator<D> {
         for (i, (_, w0, w1)) in a.parts().into_iter().enumerate() {
             for (h, off) in a.part_handles(i, page) {
                 for at in [va + w0 + off, va + w1 + off] {
-                    if let Err(e) = self.device.map(at, h) {
+                    if let Err(e) = self.map_piece(at, h, page) {
                         for m in mapped {
                             self.device.unmap(m)?;
                         }
@@ -3186,11 +3257,12 @@ impl<D: Device> Allocator<D> {
                     // Unmapping what was not mapped fails, and is harmless.
                     let _ = self.device.unmap(a.base + at + off);
                 }
-                if let Err(e) = self.device.release_physical(h) {
+                if let Err(e) = self.release_piece(h) {
                     tracing::warn!(error = %e, "releasing a part of a failed aliased arena");
                 }
             }
         }
+        self.settle_spare();
         if let Err(e) = self.device.release_virtual(a.base) {
             tracing::warn!(error = %e, "releasing the reservation of a failed aliased arena");
         }
@@ -3209,27 +3281,50 @@ impl<D: Device> Allocator<D> {
         let high_water = p.high_water.max(self.stats.bytes.peak_reserved_bytes);
         let page = if self.policies.reclamation_wants_pages() { self.device.granularity() } else { 0 };
         self.release_cached(&ReclaimDecision { trim: true, ..ReclaimDecision::all() })?;
-        if self.stats.bytes.reserved_bytes.saturating_add(bytes) > high_water.saturating_add(page) {
+        // Spare pages (of chunks the dynamic path still uses) first.
+        let g = self.device.granularity();
+        let spare = if g > 0 && bytes.is_multiple_of(g) { self.paging.spare_pages.min(bytes / g) } else { 0 };
+        let new = bytes - spare * g;
+        if self.stats.bytes.reserved_bytes.saturating_add(new) > high_water.saturating_add(page) {
             return Ok(false);
         }
         let base = self.planning.as_ref().expect("checked").arenas[last].base;
-        let h = match self.device.create_physical(bytes) {
-            Ok(h) => h,
-            Err(e) => {
-                tracing::debug!(error = %e, "the pending zone of the aliased arena: not now");
-                return Ok(false);
-            }
+        let h = match new {
+            0 => None,
+            n => match self.device.create_physical(n) {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    tracing::debug!(error = %e, "the pending zone of the aliased arena: not now");
+                    return Ok(false);
+                }
+            },
         };
-        if let Err(e) = self.device.map(base + w0, h).and_then(|_| self.device.map(base + w1, h)) {
-            let _ = self.device.unmap(base + w0);
-            self.device.release_physical(h)?;
-            tracing::warn!(error = %e, "the pending zone of the aliased arena could not be mapped");
-            return Ok(false);
+        let pages = self.create_pages(spare, g)?;
+        let pieces: Vec<Piece> = pages.iter().map(|&p| Piece::Page(p)).chain(h.map(Piece::Whole)).collect();
+        let mut mapped: Vec<DevicePtr> = Vec::new();
+        for (j, &piece) in pieces.iter().enumerate() {
+            for at in [base + w0 + j as u64 * g, base + w1 + j as u64 * g] {
+                if let Err(e) = self.map_piece(at, piece, g) {
+                    for m in mapped {
+                        self.device.unmap(m)?;
+                    }
+                    for piece in pieces {
+                        self.release_piece(piece)?;
+                    }
+                    self.settle_spare();
+                    tracing::warn!(error = %e, "the pending zone of the aliased arena could not be mapped");
+                    return Ok(false);
+                }
+                mapped.push(at);
+            }
         }
-        self.stats.device_alloc_calls += 1;
+        self.stats.device_alloc_calls += u64::from(h.is_some());
         let p = self.planning.as_mut().expect("checked");
         let a = &mut p.arenas[last];
-        a.phys[part] = Some(h);
+        a.phys[part] = h;
+        if !pages.is_empty() {
+            a.zone_pages.get_or_insert_with(Default::default)[part] = pages;
+        }
         a.pending = None;
         let pool = self.arena.segments.get(a.seg).pool;
         self.stats.bytes.grow(bytes);
@@ -3718,7 +3813,7 @@ impl<D: Device> Allocator<D> {
         &mut self,
         resv: DevicePtr,
         resv_size: u64,
-        runs: Vec<(DevicePtr, Vec<PhysHandle>)>,
+        runs: Vec<(DevicePtr, Vec<Page>)>,
         pool: u32,
         stream: StreamId,
     ) {
@@ -3749,7 +3844,7 @@ impl<D: Device> Allocator<D> {
             p.kept_seg = None;
         }
         let page = self.device.granularity();
-        let mut adopt: Vec<(DevicePtr, Vec<PhysHandle>)> = Vec::new();
+        let mut adopt: Vec<(DevicePtr, Vec<Page>)> = Vec::new();
         let pool = if a.pages.is_some() { self.page_pool(a.physical()) } else { None };
         if a.zone > 0 {
             // Unmapped once the arena's stream is done with it (no device
@@ -3761,16 +3856,19 @@ impl<D: Device> Allocator<D> {
                 for (h, off) in a.part_handles(i, page) {
                     self.device.unmap(a.base + w0 + off)?;
                     self.device.unmap(a.base + w1 + off)?;
-                    self.device.release_physical(h)?;
-                    self.stats.device_free_calls += 1;
+                    self.release_piece(h)?;
                 }
             }
         } else if let Some(held) = a.pages.as_deref() {
             // Unmapping is not ordered on the stream.
             self.quiesce(&[StreamId(0)])?;
             let kept = if pool.is_some() { held.pages.len() } else { 0 };
-            for (i, h) in held.pages.iter().copied().chain(held.rest).enumerate().skip(kept) {
+            let mapped = held.pages.len() + usize::from(held.rest.is_some());
+            for i in kept..mapped {
                 self.device.unmap(a.base + i as u64 * page)?;
+            }
+            self.release_pages(&held.pages[kept..])?;
+            if let Some(h) = held.rest {
                 self.device.release_physical(h)?;
                 self.stats.device_free_calls += 1;
             }
@@ -3795,6 +3893,7 @@ impl<D: Device> Allocator<D> {
         if let Some(pool) = pool.filter(|_| !adopt.is_empty()) {
             self.adopt_pages(a.base, a.size, adopt, pool, seg.stream);
         }
+        self.settle_spare();
         Ok(())
     }
 

@@ -64,6 +64,11 @@ impl Gauges {
         self.peak_reserved_bytes = self.peak_reserved_bytes.max(self.reserved_bytes);
     }
 
+    /// `bytes` of memory that no segment counts given back (spare pages).
+    pub(crate) fn shrink(&mut self, bytes: u64) {
+        self.reserved_bytes -= bytes;
+    }
+
     #[inline]
     pub(crate) fn sub_reserved(&mut self, bytes: u64) {
         self.reserved_bytes -= bytes;

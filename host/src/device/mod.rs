@@ -127,6 +127,19 @@ pub trait Device: Send {
     fn release_physical(&mut self, phys: PhysHandle) -> Result<(), DeviceError>;
     /// Maps all of `phys` at `va` (inside a reservation, granularity-aligned).
     fn map(&mut self, va: DevicePtr, phys: PhysHandle) -> Result<(), DeviceError>;
+    /// Maps `bytes` of `phys` from `offset` on at `va` (all three
+    /// granularity-aligned; `cuMemMap`'s offset): one physical allocation
+    /// can then back pages at unrelated addresses. Backends without it
+    /// return [`DeviceError::Unsupported`] (the default): the allocator then
+    /// makes one physical allocation per page.
+    fn map_part(&mut self, va: DevicePtr, phys: PhysHandle, offset: u64, bytes: u64) -> Result<(), DeviceError> {
+        let _ = (va, phys, offset, bytes);
+        Err(DeviceError::Unsupported("mapping part of a physical allocation", self.name()))
+    }
+    /// Whether [`Device::map_part`] works on this backend.
+    fn maps_parts(&self) -> bool {
+        false
+    }
     /// Unmaps whatever is mapped at `va` (a mapping start).
     fn unmap(&mut self, va: DevicePtr) -> Result<(), DeviceError>;
 

@@ -143,9 +143,19 @@ pub struct SimDevice {
 #[derive(Debug)]
 struct Mappings {
     granularity: u64,
-    /// Granule index (`address / granularity`) → (start, physical handle,
-    /// size, base of its reservation) of the mapping that covers it.
-    granules: SeqMap<(DevicePtr, PhysHandle, u64, DevicePtr)>,
+    /// Granule index (`address / granularity`) → the mapping that covers it.
+    granules: SeqMap<Mapping>,
+}
+
+/// One mapping: `size` bytes of a physical allocation from `off` on, at `va`.
+#[derive(Debug, Clone, Copy)]
+struct Mapping {
+    va: DevicePtr,
+    phys: PhysHandle,
+    off: u64,
+    size: u64,
+    /// Base of the reservation it lies in.
+    resv: DevicePtr,
 }
 
 impl Mappings {
@@ -154,9 +164,9 @@ impl Mappings {
         va / self.granularity..(va + size).div_ceil(self.granularity)
     }
 
-    /// The mapping that covers `addr`: (start, physical handle, size).
-    fn covering(&self, addr: DevicePtr) -> Option<(DevicePtr, PhysHandle, u64)> {
-        self.granules.get(&(addr / self.granularity)).map(|&(va, phys, size, _)| (va, phys, size))
+    /// The mapping that covers `addr`.
+    fn covering(&self, addr: DevicePtr) -> Option<Mapping> {
+        self.granules.get(&(addr / self.granularity)).copied()
     }
 
     /// Whether a mapping covers part of `[va, va + size)`.
@@ -167,48 +177,44 @@ impl Mappings {
     /// Adds a mapping of granule-aligned `va` inside the reservation at
     /// `resv` unless part of its range is mapped already (then `false`,
     /// nothing changed).
-    fn insert(&mut self, va: DevicePtr, phys: PhysHandle, size: u64, resv: DevicePtr) -> bool {
-        let span = self.span(va, size);
+    fn insert(&mut self, m: Mapping) -> bool {
+        let span = self.span(m.va, m.size);
         if span.end - span.start == 1 {
             return match self.granules.entry(span.start) {
                 std::collections::hash_map::Entry::Occupied(_) => false,
                 std::collections::hash_map::Entry::Vacant(v) => {
-                    v.insert((va, phys, size, resv));
+                    v.insert(m);
                     true
                 }
             };
         }
-        if self.any_in(va, size) {
+        if self.any_in(m.va, m.size) {
             return false;
         }
         for g in span {
-            self.granules.insert(g, (va, phys, size, resv));
+            self.granules.insert(g, m);
         }
         true
     }
 
-    /// Removes the mapping that starts at `va`: its handle, size and
-    /// reservation.
-    fn remove(&mut self, va: DevicePtr) -> Option<(PhysHandle, u64, DevicePtr)> {
+    /// Removes the mapping that starts at `va`.
+    fn remove(&mut self, va: DevicePtr) -> Option<Mapping> {
         let first = va / self.granularity;
-        let m @ (start, phys, size, resv) = self.granules.remove(&first)?;
-        if start != va {
+        let m = self.granules.remove(&first)?;
+        if m.va != va {
             self.granules.insert(first, m);
             return None;
         }
-        for g in self.span(start, size).skip(1) {
+        for g in self.span(m.va, m.size).skip(1) {
             self.granules.remove(&g);
         }
-        Some((phys, size, resv))
+        Some(m)
     }
 
-    /// Every mapping once: (start, physical handle, size).
-    fn iter(&self) -> impl Iterator<Item = (DevicePtr, PhysHandle, u64)> + '_ {
+    /// Every mapping once.
+    fn iter(&self) -> impl Iterator<Item = Mapping> + '_ {
         let g = self.granularity;
-        self.granules
-            .iter()
-            .filter(move |(&k, &(start, ..))| k == start / g)
-            .map(|(_, &(va, phys, size, _))| (va, phys, size))
+        self.granules.iter().filter(move |(&k, m)| k == m.va / g).map(|(_, &m)| m)
     }
 }
 
@@ -321,15 +327,61 @@ impl SimDevice {
             let b = self.segments.get_mut(&base).and_then(|r| r.backing.as_mut()).expect("host-backed segment");
             return Ok((b, (addr - base) as usize, (size - (addr - base)) as usize));
         }
-        if let Some((base, phys, size)) = self.mappings.covering(addr) {
+        if let Some(m) = self.mappings.covering(addr) {
             let b = self
                 .physical
-                .get_mut(&phys.0)
+                .get_mut(&m.phys.0)
                 .and_then(|p| p.backing.as_mut())
                 .expect("host-backed physical allocation");
-            return Ok((b, (addr - base) as usize, (size - (addr - base)) as usize));
+            return Ok((b, (m.off + addr - m.va) as usize, (m.size - (addr - m.va)) as usize));
         }
         Err(DeviceError::Invalid(format!("address {addr:#x} is not in a segment or a mapping")))
+    }
+
+    /// Maps `bytes` (`None`: the rest) of `phys` from `offset` on at `va`.
+    fn map_range(
+        &mut self,
+        va: DevicePtr,
+        phys: PhysHandle,
+        offset: u64,
+        bytes: Option<u64>,
+    ) -> Result<(), DeviceError> {
+        // (One allocation may be mapped at several addresses: aliases.)
+        let total = match self.physical.get(&phys.0) {
+            None => return Err(DeviceError::Invalid(format!("unknown physical handle {}", phys.0))),
+            Some(p) => p.size,
+        };
+        let g = self.cfg.granularity;
+        let size = bytes.unwrap_or(total.saturating_sub(offset));
+        if !va.is_multiple_of(g) || !offset.is_multiple_of(g) || size == 0 || !size.is_multiple_of(g) {
+            return Err(DeviceError::Invalid(format!(
+                "{va:#x}: offset {offset} and size {size} are not positive multiples of the granularity"
+            )));
+        }
+        if offset.checked_add(size).is_none_or(|e| e > total) {
+            return Err(DeviceError::Invalid(format!(
+                "{size} bytes from offset {offset} overrun physical handle {} of {total} bytes",
+                phys.0
+            )));
+        }
+        // Consecutive maps go to the same reservation: check the last one first.
+        let inside = |(b, s): (DevicePtr, u64)| b <= va && va + size <= b + s;
+        if !self.last_reservation.is_some_and(inside) {
+            let found = self.reservations.range(..=va).next_back().map(|(&b, &s)| (b, s)).filter(|&r| inside(r));
+            match found {
+                Some(r) => self.last_reservation = Some(r),
+                None => return Err(DeviceError::Invalid(format!("{va:#x}+{size} is not inside a reservation"))),
+            }
+        }
+        let base = self.last_reservation.expect("found above").0;
+        if !self.mappings.insert(Mapping { va, phys, off: offset, size, resv: base }) {
+            return Err(DeviceError::Invalid(format!("{va:#x}+{size} overlaps an existing mapping")));
+        }
+        self.physical.get_mut(&phys.0).expect("checked above").maps += 1;
+        *self.resv_maps.entry(base).or_default() += 1;
+        let c = self.cfg.cost.map_us;
+        self.charge(c);
+        Ok(())
     }
 
     /// Checks the module's invariants; returns a description of the first violation.
@@ -348,7 +400,7 @@ impl SimDevice {
         }
         let mut maps: FxHashMap<u64, u32> = FxHashMap::default();
         let mut in_resv: FxHashMap<DevicePtr, u64> = FxHashMap::default();
-        for (va, ph, size) in self.mappings.iter() {
+        for Mapping { va, phys: ph, off, size, .. } in self.mappings.iter() {
             let (&rbase, &rsize) = self
                 .reservations
                 .range(..=va)
@@ -359,7 +411,7 @@ impl SimDevice {
                 return Err(format!("mapping {va:#x} overruns its reservation"));
             }
             match self.physical.get(&ph.0) {
-                Some(p) if p.size == size => *maps.entry(ph.0).or_default() += 1,
+                Some(p) if off.checked_add(size).is_some_and(|e| e <= p.size) => *maps.entry(ph.0).or_default() += 1,
                 _ => return Err(format!("mapping {va:#x} refers to a bad physical allocation")),
             }
         }
@@ -527,40 +579,22 @@ impl Device for SimDevice {
     }
 
     fn map(&mut self, va: DevicePtr, phys: PhysHandle) -> Result<(), DeviceError> {
-        // (One allocation may be mapped at several addresses: aliases.)
-        let p = match self.physical.get_mut(&phys.0) {
-            None => return Err(DeviceError::Invalid(format!("unknown physical handle {}", phys.0))),
-            Some(p) => p,
-        };
-        let size = p.size;
-        if !va.is_multiple_of(self.cfg.granularity) {
-            return Err(DeviceError::Invalid(format!("{va:#x} is not aligned to the granularity")));
-        }
-        // Consecutive maps go to the same reservation: check the last one first.
-        let inside = |(b, s): (DevicePtr, u64)| b <= va && va + size <= b + s;
-        if !self.last_reservation.is_some_and(inside) {
-            let found = self.reservations.range(..=va).next_back().map(|(&b, &s)| (b, s)).filter(|&r| inside(r));
-            match found {
-                Some(r) => self.last_reservation = Some(r),
-                None => return Err(DeviceError::Invalid(format!("{va:#x}+{size} is not inside a reservation"))),
-            }
-        }
-        let base = self.last_reservation.expect("found above").0;
-        if !self.mappings.insert(va, phys, size, base) {
-            return Err(DeviceError::Invalid(format!("{va:#x}+{size} overlaps an existing mapping")));
-        }
-        p.maps += 1;
-        *self.resv_maps.entry(base).or_default() += 1;
-        let c = self.cfg.cost.map_us;
-        self.charge(c);
-        Ok(())
+        self.map_range(va, phys, 0, None)
+    }
+
+    fn map_part(&mut self, va: DevicePtr, phys: PhysHandle, offset: u64, bytes: u64) -> Result<(), DeviceError> {
+        self.map_range(va, phys, offset, Some(bytes))
+    }
+
+    fn maps_parts(&self) -> bool {
+        true
     }
 
     fn unmap(&mut self, va: DevicePtr) -> Result<(), DeviceError> {
-        let (phys, _, resv) =
+        let m =
             self.mappings.remove(va).ok_or_else(|| DeviceError::Invalid(format!("nothing is mapped at {va:#x}")))?;
-        self.physical.get_mut(&phys.0).expect("mapped physical exists").maps -= 1;
-        if let Some(n) = self.resv_maps.get_mut(&resv) {
+        self.physical.get_mut(&m.phys.0).expect("mapped physical exists").maps -= 1;
+        if let Some(n) = self.resv_maps.get_mut(&m.resv) {
             *n -= 1;
         }
         let c = self.cfg.cost.map_us;
@@ -659,6 +693,43 @@ mod tests {
         d.release_physical(p).unwrap();
         d.release_virtual(va).unwrap();
         d.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn parts_of_one_physical_allocation_back_pages_at_unrelated_addresses() {
+        let mut d = small(true);
+        let g = d.granularity();
+        let va = d.reserve_virtual(4 * g).unwrap();
+        let p = d.create_physical(2 * g).unwrap();
+        // Its second page first, then its first page two pages further on.
+        d.map_part(va, p, g, g).unwrap();
+        d.map_part(va + 2 * g, p, 0, g).unwrap();
+        d.check_invariants().unwrap();
+        assert_eq!((d.counters().used_bytes, d.counters().alloc_calls), (2 * g, 1));
+        d.write(va + 7, b"second").unwrap();
+        d.write(va + 2 * g + 7, b"first!").unwrap();
+        // Seen through a whole mapping of the allocation: in its own order.
+        d.map(va + g, p).unwrap_err(); // [va + g, va + 3g) overlaps the part at va + 2g
+        let whole = d.reserve_virtual(2 * g).unwrap();
+        d.map(whole, p).unwrap();
+        let mut out = [0u8; 6];
+        d.read(whole + 7, &mut out).unwrap();
+        assert_eq!(&out, b"first!");
+        d.read(whole + g + 7, &mut out).unwrap();
+        assert_eq!(&out, b"second");
+        // Misuse is refused: unaligned, past the end, empty.
+        assert!(d.map_part(va + g, p, g / 2, g).is_err());
+        assert!(d.map_part(va + g, p, g, 2 * g).is_err());
+        assert!(d.map_part(va + g, p, 0, 0).is_err());
+        d.check_invariants().unwrap();
+        for at in [va, va + 2 * g, whole] {
+            d.unmap(at).unwrap();
+        }
+        d.release_physical(p).unwrap();
+        d.release_virtual(va).unwrap();
+        d.release_virtual(whole).unwrap();
+        d.check_invariants().unwrap();
+        assert_eq!(d.counters().used_bytes, 0);
     }
 
     #[test]

@@ -85,16 +85,43 @@ impl Book {
         }
     }
 
-    /// Checks that `phys` may be mapped at `va` (also when it is mapped
-    /// elsewhere already: an alias); returns the allocation.
+    /// Checks that all of `phys` may be mapped at `va` (also when it is
+    /// mapped elsewhere already: an alias); returns the allocation.
+    #[cfg(test)]
     pub(crate) fn mappable(&self, va: DevicePtr, phys: PhysHandle, granularity: u64) -> Result<Phys, DeviceError> {
+        let size = self.physical.get(&phys.0).map_or(0, |p| p.size);
+        self.mappable_part(va, phys, 0, size, granularity)
+    }
+
+    /// Checks that `size` bytes of `phys` from `offset` on may be mapped at
+    /// `va` (aliases allowed); returns the allocation.
+    pub(crate) fn mappable_part(
+        &self,
+        va: DevicePtr,
+        phys: PhysHandle,
+        offset: u64,
+        size: u64,
+        granularity: u64,
+    ) -> Result<Phys, DeviceError> {
         let p = match self.physical.get(&phys.0) {
             None => return Err(invalid(format!("unknown physical handle {}", phys.0))),
             Some(p) => *p,
         };
-        let size = p.size;
-        if granularity == 0 || !va.is_multiple_of(granularity) {
-            return Err(invalid(format!("{va:#x} is not aligned to the granularity {granularity}")));
+        if granularity == 0
+            || !va.is_multiple_of(granularity)
+            || !offset.is_multiple_of(granularity)
+            || size == 0
+            || !size.is_multiple_of(granularity)
+        {
+            return Err(invalid(format!(
+                "{va:#x}: offset {offset} and size {size} are not positive multiples of the granularity {granularity}"
+            )));
+        }
+        if offset.checked_add(size).is_none_or(|e| e > p.size) {
+            return Err(invalid(format!(
+                "{size} bytes from offset {offset} overrun a physical allocation of {}",
+                p.size
+            )));
         }
         let end = va.checked_add(size).ok_or_else(|| invalid(format!("{va:#x}+{size} overflows")))?;
         let inside = self.reservations.range(..=va).next_back().is_some_and(|(&b, &s)| end <= b + s);
@@ -173,7 +200,7 @@ impl Book {
                 return Err(format!("mapping {va:#x} overruns its reservation"));
             }
             match self.physical.get(&ph.0) {
-                Some(p) if p.size == size => *maps.entry(ph.0).or_default() += 1,
+                Some(p) if size <= p.size => *maps.entry(ph.0).or_default() += 1,
                 _ => return Err(format!("mapping {va:#x} refers to a bad physical allocation")),
             }
         }
@@ -217,6 +244,11 @@ mod tests {
         assert!(b.mappable(va, p3, G).is_err(), "overlaps the next mapping");
         // An alias: the same allocation at a second address.
         assert!(b.mappable(va + 3 * G, p1, G).is_ok(), "an alias");
+        // Part of an allocation: aligned, inside it.
+        assert!(b.mappable_part(va + 3 * G, p1, 0, G, G).is_ok());
+        assert!(b.mappable_part(va + 3 * G, p1, G / 2, G, G).is_err(), "unaligned offset");
+        assert!(b.mappable_part(va + 3 * G, p1, G, G, G).is_err(), "past the allocation's end");
+        assert!(b.mappable_part(va + 3 * G, p1, 0, 0, G).is_err(), "empty");
         b.add_mapping(va + 3 * G, p1, G);
         b.check_invariants(b.used()).unwrap();
         b.remove_mapping(va + 3 * G);

@@ -188,16 +188,18 @@ pub(crate) unsafe fn mem_release(handle: u64) -> Result<(), DriverError> {
 /// # Safety
 ///
 /// `[va, va + size)` lies inside a reservation, is granularity-aligned and has
-/// nothing mapped; `handle` is a live physical allocation of exactly `size`
-/// bytes (it may be mapped at other addresses too: the driver allows aliases).
+/// nothing mapped; `handle` is a live physical allocation of at least
+/// `offset + size` bytes, `offset` granularity-aligned (it may be mapped at
+/// other addresses too: the driver allows aliases).
 pub(crate) unsafe fn map_rw(
     va: sys::CUdeviceptr,
     size: usize,
     handle: u64,
+    offset: usize,
     ordinal: c_int,
 ) -> Result<(), (DriverError, Option<DriverError>)> {
-    // SAFETY: guaranteed by the caller; offset and flags must be 0.
-    unsafe { sys::cuMemMap(va, size, 0, handle, 0) }.result().map_err(|e| (e, None))?;
+    // SAFETY: guaranteed by the caller; flags must be 0.
+    unsafe { sys::cuMemMap(va, size, offset, handle, 0) }.result().map_err(|e| (e, None))?;
     let desc = sys::CUmemAccessDesc {
         location: sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal },
         flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,

@@ -476,25 +476,35 @@ impl Device for CudaDevice {
     }
 
     fn map(&mut self, va: DevicePtr, phys: PhysHandle) -> Result<(), DeviceError> {
+        let size = self.book.physical.get(&phys.0).map_or(0, |p| p.size);
+        self.map_part(va, phys, 0, size)
+    }
+
+    fn maps_parts(&self) -> bool {
+        true
+    }
+
+    fn map_part(&mut self, va: DevicePtr, phys: PhysHandle, offset: u64, bytes: u64) -> Result<(), DeviceError> {
         let g = self.vmm_granularity()?;
-        let p = self.book.mappable(va, phys, g)?;
+        let p = self.book.mappable_part(va, phys, offset, bytes, g)?;
+        let (size, off) = (to_usize(bytes)?, to_usize(offset)?);
         self.bind()?;
         let t0 = Instant::now();
         // SAFETY: the book checked that the range is aligned, inside a
-        // reservation and unmapped, and that the handle is live and of
-        // exactly this size (it may be mapped elsewhere too: an alias).
-        let r = unsafe { driver::map_rw(va, p.size as usize, p.handle, self.ordinal) };
+        // reservation and unmapped, and that the handle is live and holds
+        // `offset + bytes` (it may be mapped elsewhere too: an alias).
+        let r = unsafe { driver::map_rw(va, size, p.handle, off, self.ordinal) };
         self.charge(t0);
         match r {
             Ok(()) => {
-                self.book.add_mapping(va, phys, p.size);
+                self.book.add_mapping(va, phys, bytes);
                 Ok(())
             }
             Err((e, undo)) => {
                 if let Some(u) = undo {
                     // The range stays mapped in the driver: keep it in the book so
                     // that Drop unmaps it, and remember the failed rollback.
-                    self.book.add_mapping(va, phys, p.size);
+                    self.book.add_mapping(va, phys, bytes);
                     self.errors
                         .push(format!("cuMemUnmap (rollback of a failed cuMemSetAccess): {}", driver::describe(u)));
                 }
