@@ -135,6 +135,43 @@ fn vmm_stitched_pages_hold_contents() {
     d.close().unwrap();
 }
 
+/// Parts of one physical allocation (`cuMemMap` at an offset) back pages at
+/// unrelated addresses, as the allocator's chunks do: contents written
+/// through the parts read back through a whole mapping of the allocation.
+#[test]
+fn parts_of_one_physical_allocation_hold_contents() {
+    let Some(mut d) = gpu("parts_of_one_physical_allocation_hold_contents") else { return };
+    assert!(d.maps_parts());
+    let g = d.granularity();
+    let va = d.reserve_virtual(4 * g).unwrap();
+    let p = d.create_physical(2 * g).unwrap();
+    d.map_part(va, p, g, g).unwrap();
+    d.map_part(va + 2 * g, p, 0, g).unwrap();
+    assert!(d.map_part(va + g, p, g / 2, g).is_err(), "unaligned offset");
+    assert!(d.map_part(va + g, p, g, 2 * g).is_err(), "past the allocation's end");
+    let second: Vec<u8> = (0..g as usize).map(|i| (i % 241) as u8).collect();
+    let first: Vec<u8> = (0..g as usize).map(|i| (i % 239) as u8).collect();
+    d.write(va, &second).unwrap();
+    d.write(va + 2 * g, &first).unwrap();
+    let whole = d.reserve_virtual(2 * g).unwrap();
+    d.map(whole, p).unwrap();
+    let mut back = vec![0u8; g as usize];
+    d.read(whole, &mut back).unwrap();
+    assert_eq!(back, first);
+    d.read(whole + g, &mut back).unwrap();
+    assert_eq!(back, second);
+    d.check_invariants().unwrap();
+    for at in [va, va + 2 * g, whole] {
+        d.unmap(at).unwrap();
+    }
+    d.release_physical(p).unwrap();
+    d.release_virtual(va).unwrap();
+    d.release_virtual(whole).unwrap();
+    assert_eq!(d.counters().used_bytes, 0);
+    d.check_invariants().unwrap();
+    d.close().unwrap();
+}
+
 #[test]
 fn copies_and_events() {
     let Some(mut d) = gpu("copies_and_events") else { return };
