@@ -10,13 +10,24 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn wasmem(exe: &Path, dir: &Path, args: &[&str], cache: &Path) -> Output {
-    Command::new(exe)
-        .current_dir(dir)
-        .env_remove("WASMEM_POLICY_DIR")
-        .env("WASMEM_CACHE_DIR", cache)
-        .args(args)
-        .output()
-        .expect("run wasmem")
+    // A copy just written can be "busy" for a moment: another test's child
+    // process, forked while the copy was open for writing, holds it until
+    // it execs (ETXTBSY). Retried, not a failure.
+    for _ in 0..100 {
+        match Command::new(exe)
+            .current_dir(dir)
+            .env_remove("WASMEM_POLICY_DIR")
+            .env("WASMEM_CACHE_DIR", cache)
+            .args(args)
+            .output()
+        {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            r => return r.expect("run wasmem"),
+        }
+    }
+    panic!("{} stayed busy (ETXTBSY) for 2 s", exe.display())
 }
 
 fn text(o: &Output) -> String {
