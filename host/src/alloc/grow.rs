@@ -29,7 +29,7 @@ use super::slab::{Block, Segment, NIL};
 use super::{ActionKind, AllocError, Allocator};
 use crate::decision::{AllocRequest, ReclaimDecision, ReclaimTrigger};
 use crate::device::{Device, DeviceError};
-use crate::types::round_up;
+use crate::types::{round_up, TensorKind};
 
 /// One request that needs memory: where it goes and how much.
 #[derive(Debug, Clone, Copy)]
@@ -208,7 +208,12 @@ impl<D: Device> Allocator<D> {
     #[inline]
     fn new_segment(&mut self, pool: u32, bytes: u64, page: u64, req: &AllocRequest) -> Result<u32, AllocError> {
         let (base, paged) = if page > 0 {
-            let (va, p) = self.alloc_paged_segment(bytes, page)?;
+            // A tensor that never leaves gives none of its pages back: its
+            // growth is one chunk, however large.
+            self.paging.whole_chunk = matches!(req.kind, TensorKind::Param | TensorKind::Optim);
+            let made = self.alloc_paged_segment(bytes, page);
+            self.paging.whole_chunk = false;
+            let (va, p) = made?;
             (va, Some(p))
         } else {
             (self.device.alloc_segment(bytes)?, None)

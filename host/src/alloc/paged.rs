@@ -9,7 +9,9 @@
 //! *chunk*: the fresh pages of one growth are one chunk (`cuMemCreate` once,
 //! each page mapped at its offset: [`Device::map_part`]) of at most
 //! 1/[`CHUNK_SHARE`] of the bytes reserved then (a page at a time where that
-//! is less than two pages, or where the device cannot map parts). A page
+//! is less than two pages, or where the device cannot map parts), or the
+//! whole growth for a tensor that never leaves (a parameter, an optimizer
+//! state: it gives no page back while it lives). A page
 //! given back (trim, release) while other pages of its chunk are in use
 //! stays *spare*: reserved, in no pool; the next growth, stitch or arena
 //! takes spare pages before it makes a chunk, and a chunk goes back to the
@@ -120,6 +122,9 @@ pub(crate) struct Paging {
     /// Bytes of spare pages counted in the reserved gauge
     /// ([`Allocator::settle_spare`]).
     pub spare_counted: u64,
+    /// The growth being made is for a tensor that never leaves (a
+    /// parameter, an optimizer state): one chunk, whatever its size.
+    pub whole_chunk: bool,
 }
 
 impl Paging {
@@ -269,7 +274,11 @@ impl<D: Device> Allocator<D> {
         // use: a chunk holds at most 1/64 of what is reserved (and a page
         // more), so that what a chunk can keep from the device stays small
         // beside the run's memory (small runs page by page, as before).
-        let cap = if self.device.maps_parts() { self.stats.bytes.reserved_bytes / CHUNK_SHARE / page + 1 } else { 1 };
+        let cap = match self.device.maps_parts() {
+            false => 1,
+            true if self.paging.whole_chunk => rest.max(1),
+            true => self.stats.bytes.reserved_bytes / CHUNK_SHARE / page + 1,
+        };
         let chunks: Vec<u64> = (0..rest.div_ceil(cap)).map(|k| cap.min(rest - k * cap)).collect();
         let taken = out.len();
         for n in chunks {
