@@ -122,7 +122,11 @@ impl<D: Device> Allocator<D> {
         // 5. Reclamation after the failure, unless even releasing every cached
         // byte could not make room; stitching if it asks.
         let hopeless = self.device.available().is_some_and(|avail| {
-            avail.saturating_add(self.releasable_bytes(None)).saturating_add(self.free_page_bytes()) < segment
+            avail
+                .saturating_add(self.releasable_bytes(None))
+                .saturating_add(self.free_page_bytes())
+                .saturating_add(self.spare_bytes())
+                < segment
         });
         if !hopeless {
             let trigger = ReclaimTrigger::AllocFailed { request: req, segment_bytes: segment };
@@ -258,7 +262,12 @@ impl<D: Device> Allocator<D> {
     /// until a freed block serves the request or the segment can be
     /// obtained; then releases free segments and pages.
     fn evict_for(&mut self, g: &Growth) -> Result<Evicted, AllocError> {
-        let avail = self.device.available().unwrap_or(0).saturating_add(self.releasable_bytes(None));
+        let avail = self
+            .device
+            .available()
+            .unwrap_or(0)
+            .saturating_add(self.releasable_bytes(None))
+            .saturating_add(self.spare_bytes());
         let victims = self.choose_victims(g.segment.saturating_sub(avail).max(1));
         if victims.is_empty() {
             return Ok(Evicted::Nothing);
@@ -273,7 +282,8 @@ impl<D: Device> Allocator<D> {
                 .available()
                 .unwrap_or(0)
                 .saturating_add(self.releasable_bytes(None))
-                .saturating_add(self.free_page_bytes());
+                .saturating_add(self.free_page_bytes())
+                .saturating_add(self.spare_bytes());
             if avail >= g.segment {
                 break;
             }

@@ -426,6 +426,12 @@ impl<D: Device> Allocator<D> {
         Ok(())
     }
 
+    /// Bytes of spare pages: reserved, in no segment, taken by the next
+    /// growth before the device is asked.
+    pub(super) fn spare_bytes(&self) -> u64 {
+        self.paging.spare_pages * self.device.granularity()
+    }
+
     /// Bytes of whole free pages inside free blocks of paged segments.
     pub(super) fn free_page_bytes(&self) -> u64 {
         self.free_page_runs(None).iter().map(|r| r.count).sum::<u64>() * self.device.granularity()

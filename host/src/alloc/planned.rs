@@ -2837,7 +2837,7 @@ impl<D: Device> Allocator<D> {
         let g = self.device.granularity();
         let paged =
             g > 0 && self.paged_page(want) > 0 && (zone == 0 || (want / 2).is_multiple_of(g) && zone.is_multiple_of(g));
-        let spare_bytes = |a: &Self| if paged { a.paging.spare_pages * g } else { 0 };
+        let spare_bytes = |a: &Self| if paged { a.spare_bytes() } else { 0 };
         let estimate = self
             .stats
             .bytes
