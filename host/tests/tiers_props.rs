@@ -2,7 +2,7 @@
 //! host-backed simulated device (42–56 MiB: room for one pinned 20 MiB
 //! segment and one more) with a tiny host tier (so tensors go to host
 //! memory and to spill files and come back), under every built-in eviction
-//! policy and a hostile one, with pins. After every step the invariants hold; every tensor brought back
+//! policy, a hostile one and `defrag`'s paged segments, with pins. After every step the invariants hold; every tensor brought back
 //! (by a use, a read or a prefetch) has exactly the bytes written into it;
 //! no request fails (at most one tensor is pinned and every segment fits the
 //! device); no spill file outlives the allocator.
@@ -66,10 +66,15 @@ impl EvictionPolicy for Hostile {
     }
 }
 
+/// The built-in eviction policies, the hostile one, and `defrag` (paged
+/// segments: pages of shared chunks, spare pages, stitching, trimming).
 fn policies(i: usize) -> Policies {
     match builtin::EVICTION_NAMES.get(i) {
         Some(name) => builtin::by_name(name).unwrap(),
-        None => Policies { eviction: Box::new(Hostile(0)), ..builtin::by_name("pytorch").unwrap() },
+        None if i == builtin::EVICTION_NAMES.len() => {
+            Policies { eviction: Box::new(Hostile(0)), ..builtin::by_name("pytorch").unwrap() }
+        }
+        None => builtin::by_name("defrag").unwrap(),
     }
 }
 
@@ -89,86 +94,123 @@ proptest! {
         actions in prop::collection::vec(action(&mix()), 1..70),
         capacity_mib in 42u64..56,
         host_kib in prop_oneof![Just(0u64), 1u64..4096, Just(1 << 20)],
-        policy in 0usize..4,
+        policy in 0usize..5,
         prefetch in any::<bool>(),
     ) {
-        let spill = tempfile::tempdir().unwrap();
-        let dev = SimDevice::new(SimConfig { capacity: capacity_mib * MIB, host_backed: true, ..SimConfig::default() });
-        let mut a = Allocator::new(dev, policies(policy));
-        a.enable_tiers(TierConfig {
-            host_capacity: host_kib * 1024,
-            spill_dir: Some(spill.path().to_path_buf()),
-            copy_contents: true,
-            prefetch,
-            prefetch_headroom: 0.0,
-            ..TierConfig::default()
-        });
-        let mut live: Vec<Live> = Vec::new();
-        let mut seed = 1u64;
-        let mut moved_off = 0u64;
-        for act in &actions {
-            match *act {
-                Action::Alloc { bytes, kind, stream } => {
-                    let id = a
-                        .alloc(bytes, TensorKind::ALL[kind], StreamId(stream))
-                        .map_err(|e| TestCaseError::fail(format!("alloc of {bytes}: {e}")))?;
-                    seed += 1;
-                    let l = Live { id, bytes, seed };
-                    l.fill(&mut a, Coverage::Full);
-                    live.push(l);
+        run_moves(&actions, capacity_mib * MIB, host_kib, policies(policy), prefetch, 0)?;
+    }
+
+    /// `defrag` beside a pinned 1.25 GiB parameter (never touched): growths
+    /// are chunks of several pages (a chunk may hold 1/64 of what is
+    /// reserved), so trimmed and freed pages wait as spare pages while
+    /// their chunks' other pages hold tensors, under eviction.
+    #[test]
+    fn chunks_and_spare_pages_survive_every_move(
+        actions in prop::collection::vec(action(&mix()), 1..70),
+        capacity_mib in 42u64..56,
+        host_kib in prop_oneof![Just(0u64), 1u64..4096, Just(1 << 20)],
+        prefetch in any::<bool>(),
+    ) {
+        let base = 1280 * MIB;
+        run_moves(&actions, base + capacity_mib * MIB, host_kib, builtin::by_name("defrag").unwrap(), prefetch, base)?;
+    }
+
+}
+
+/// Runs `actions` on a host-backed sim of `capacity` bytes with tiers (a
+/// host tier of `host_kib` KiB, a spill directory), after allocating and
+/// pinning a parameter of `base` bytes (none when 0; never written): after
+/// every step the invariants hold and every tensor brought back has its
+/// bytes; no request fails; no spill file outlives the allocator.
+fn run_moves(
+    actions: &[Action],
+    capacity: u64,
+    host_kib: u64,
+    policies: Policies,
+    prefetch: bool,
+    base: u64,
+) -> Result<(), TestCaseError> {
+    let spill = tempfile::tempdir().unwrap();
+    let dev = SimDevice::new(SimConfig { capacity, host_backed: true, ..SimConfig::default() });
+    let mut a = Allocator::new(dev, policies);
+    a.enable_tiers(TierConfig {
+        host_capacity: host_kib * 1024,
+        spill_dir: Some(spill.path().to_path_buf()),
+        copy_contents: true,
+        prefetch,
+        prefetch_headroom: 0.0,
+        ..TierConfig::default()
+    });
+    let mut live: Vec<Live> = Vec::new();
+    let mut seed = 1u64;
+    let mut moved_off = 0u64;
+    if base > 0 {
+        let id = a.alloc(base, TensorKind::Param, StreamId(0)).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        a.pin(id).unwrap();
+    }
+    for act in actions {
+        match *act {
+            Action::Alloc { bytes, kind, stream } => {
+                let id = a
+                    .alloc(bytes, TensorKind::ALL[kind], StreamId(stream))
+                    .map_err(|e| TestCaseError::fail(format!("alloc of {bytes}: {e}")))?;
+                seed += 1;
+                let l = Live { id, bytes, seed };
+                l.fill(&mut a, Coverage::Full);
+                live.push(l);
+            }
+            Action::Free(i) if !live.is_empty() => {
+                let l = live.swap_remove(i % live.len());
+                a.free(l.id).unwrap();
+            }
+            Action::Use(i, s) if !live.is_empty() => {
+                let l = live[i % live.len()];
+                let id = l.id;
+                let was = a.tier(id).unwrap();
+                a.use_tensor(id, Some(StreamId(s))).map_err(|e| TestCaseError::fail(format!("use {id}: {e}")))?;
+                prop_assert_eq!(a.tier(id).unwrap(), Tier::Device);
+                if was != Tier::Device {
+                    moved_off += 1;
                 }
-                Action::Free(i) if !live.is_empty() => {
-                    let l = live.swap_remove(i % live.len());
-                    a.free(l.id).unwrap();
-                }
-                Action::Use(i, s) if !live.is_empty() => {
-                    let l = live[i % live.len()];
-                    let id = l.id;
-                    let was = a.tier(id).unwrap();
-                    a.use_tensor(id, Some(StreamId(s))).map_err(|e| TestCaseError::fail(format!("use {id}: {e}")))?;
+                check_contents(&mut a, &l)?;
+            }
+            Action::Evict(i) if !live.is_empty() => {
+                let id = live[i % live.len()].id;
+                a.evict(&[id]).unwrap();
+                // A pinned tensor stays; anything else leaves the device.
+                prop_assert_eq!(a.tier(id).unwrap() == Tier::Device, a.is_pinned(id));
+            }
+            Action::Pin(i) if !live.is_empty() => {
+                // Pin one tensor (bringing it back) or unpin it; at most one pinned at a time
+                // keeps every request servable.
+                let l = live[i % live.len()];
+                let id = l.id;
+                if a.is_pinned(id) {
+                    a.unpin(id).unwrap();
+                } else if live.iter().all(|o| !a.is_pinned(o.id)) {
+                    a.pin(id).map_err(|e| TestCaseError::fail(format!("pin {id}: {e}")))?;
                     prop_assert_eq!(a.tier(id).unwrap(), Tier::Device);
-                    if was != Tier::Device {
-                        moved_off += 1;
-                    }
                     check_contents(&mut a, &l)?;
                 }
-                Action::Evict(i) if !live.is_empty() => {
-                    let id = live[i % live.len()].id;
-                    a.evict(&[id]).unwrap();
-                    // A pinned tensor stays; anything else leaves the device.
-                    prop_assert_eq!(a.tier(id).unwrap() == Tier::Device, a.is_pinned(id));
-                }
-                Action::Pin(i) if !live.is_empty() => {
-                    // Pin one tensor (bringing it back) or unpin it; at most one pinned at a time
-                    // keeps every request servable.
-                    let l = live[i % live.len()];
-                    let id = l.id;
-                    if a.is_pinned(id) {
-                        a.unpin(id).unwrap();
-                    } else if live.iter().all(|o| !a.is_pinned(o.id)) {
-                        a.pin(id).map_err(|e| TestCaseError::fail(format!("pin {id}: {e}")))?;
-                        prop_assert_eq!(a.tier(id).unwrap(), Tier::Device);
-                        check_contents(&mut a, &l)?;
-                    }
-                }
-                Action::Phase(p) => a.phase(Phase::ALL[p], 0).unwrap(),
-                _ => {}
             }
-            a.check_invariants().map_err(|e| TestCaseError::fail(e.0))?;
-        }
-        prop_assert_eq!(a.stats().ooms, 0);
-        // Every survivor, wherever it is, still has its bytes.
-        for l in &live {
-            check_contents(&mut a, l)?;
+            Action::Phase(p) => a.phase(Phase::ALL[p], 0).unwrap(),
+            _ => {}
         }
         a.check_invariants().map_err(|e| TestCaseError::fail(e.0))?;
-        let ts = a.tier_stats();
-        prop_assert!(ts.peak_host_bytes <= host_kib * 1024);
-        let _ = moved_off;
-        drop(a);
-        let left: Vec<_> = std::fs::read_dir(spill.path()).unwrap().collect();
-        prop_assert!(left.is_empty(), "spill files left after shutdown: {left:?}");
     }
+    prop_assert_eq!(a.stats().ooms, 0);
+    // Every survivor, wherever it is, still has its bytes.
+    for l in &live {
+        check_contents(&mut a, l)?;
+    }
+    a.check_invariants().map_err(|e| TestCaseError::fail(e.0))?;
+    let ts = a.tier_stats();
+    prop_assert!(ts.peak_host_bytes <= host_kib * 1024);
+    let _ = moved_off;
+    drop(a);
+    let left: Vec<_> = std::fs::read_dir(spill.path()).unwrap().collect();
+    prop_assert!(left.is_empty(), "spill files left after shutdown: {left:?}");
+    Ok(())
 }
 
 /// Frees remove spill files at once, not only at shutdown.
