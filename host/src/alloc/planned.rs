@@ -579,11 +579,13 @@ pub(crate) struct Planning {
     /// is extra).
     choosing: bool,
     /// The step's requests before which a plan may still be chosen (its
-    /// first [`LOOKAHEAD`], or as many after a later forward pass began).
+    /// first [`LOOKAHEAD`]; at a later forward pass, that pass's first
+    /// request alone).
     choose_until: usize,
     /// A later forward pass of the step began while no plan served it (an
     /// evaluation forward came before a training step's): a plan whose
-    /// first [`LOOKAHEAD`] requests hold the next one may start there.
+    /// first [`LOOKAHEAD`] requests hold the pass's first request may
+    /// start there.
     late_forward: bool,
     /// The active plan was chosen after requests of the step it lacks (an
     /// evaluation before the training step it plans): those were another
@@ -1843,9 +1845,16 @@ impl<D: Device> Allocator<D> {
                 // pass, which a step of a new shape starts with): a plan
                 // may start here.
                 let late = p.steps > 0 && !p.mid && !p.forwards.is_empty() && !p.overflowed;
+                // Only its first request may start a plan (at one of the
+                // plan's first entries: an input before the mark is
+                // skipped): a later one matched there would be a request of
+                // an evaluation's forward pass that happens to have a key of
+                // the training forward pass (sizes alike, gradients off),
+                // the plan chosen in the middle of the evaluation, misses
+                // cascading until it is left.
                 if late && p.active.is_none() && !p.suspended && p.left_peaks.is_none() {
                     p.choosing = true;
-                    p.choose_until = p.current.len() + LOOKAHEAD;
+                    p.choose_until = p.current.len();
                     p.late_forward = true;
                 } else if p.resume.is_some() && p.active.is_none() && !p.suspended {
                     p.choosing = true;
