@@ -115,6 +115,18 @@ const SLOT_TRIES: usize = 64;
 /// What identifies a miss that borrowed the arena ([`Planning::lent`]).
 type LentKey = (u32, u32, (u32, u32), u64, Key);
 
+/// Plan entries a miss the plan has no entry for (another step's request:
+/// an evaluation pass inside a planned step) is expected to live when it
+/// borrows an arena's free space — a few layers of a forward pass; most
+/// such requests are an evaluation's temporaries. One that lives longer
+/// only lies in a range that was free: a planned request that then finds
+/// its range taken misses, as any deviation. Expected to live a whole
+/// cycle, no range was free that long: a kept-output loop evaluating in
+/// the second step of its planned pairs (lske4, warm) grew the dynamic
+/// path beside the arena at every evaluation (1.0113 against `defrag`'s
+/// 1.0003; now 1.0004).
+const UNKNOWN_LIFETIME: u32 = 64;
+
 /// Most borrowed offsets remembered ([`Planning::lent`]).
 const LENT_MEMO: usize = 1 << 14;
 
@@ -1593,11 +1605,11 @@ impl<D: Device> Allocator<D> {
             }
             // If it borrows the arena's free space: the plan's time in which
             // it is expected to live (a request the plan has: as planned;
-            // another: a whole cycle).
+            // another: the next UNKNOWN_LIFETIME entries).
             let n = p.plans[i].keys.len() as u32;
             let (from, until) = match planned {
                 Some((j, _)) => (j as u32 + 1, p.plans[i].frees[j]),
-                None => (p.cursor as u32, (p.cursor as u32).saturating_add(n)),
+                None => (p.cursor as u32, (p.cursor as u32).saturating_add(UNKNOWN_LIFETIME.min(n))),
             };
             p.borrow = Some((p.current.len() as u32, from, until.min(from.saturating_add(n))));
             p.borrow_planless = matches!(planned, Some((_, None)));
