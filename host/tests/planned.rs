@@ -2378,42 +2378,50 @@ fn a_training_step_after_an_evaluation_forward_is_served_from_its_forward_pass()
 }
 
 #[test]
-fn a_plan_starts_only_at_the_first_request_of_a_later_forward_pass() {
+fn a_plan_starts_only_where_a_later_forward_pass_is_its_own() {
     // Every third step first evaluates the model twice (two forward passes,
     // gradients off: every tensor a temporary, freed two requests later),
-    // then trains. An evaluation pass's first request has no key of the
-    // training plan, its second one has (a 1 MiB temporary, as the
-    // training forward's second): the plan is not chosen there — in the
-    // middle of the evaluation, its cursor would run ahead with the
-    // evaluation's temporaries and the training forward pass would miss —
-    // but at the training forward pass. (Before: chosen at the second
-    // evaluation pass's second request, that step had 11 hits and 19
-    // misses; now 18 hits, the training part whole but its input.)
+    // then trains; its plan is chosen at the training forward pass, not in
+    // the middle of the evaluation, where its cursor would run ahead with
+    // the evaluation's requests and the training forward pass would miss.
+    // Two evaluations: (a) a pass's first request has no key of the plan,
+    // its second one has (a 1 MiB temporary, as the training forward's
+    // second): only a pass's first request may start a plan (before, at
+    // the second: 11 hits and 19 misses on that step); (b) a pass's first
+    // request has the training forward's first key (an embedding), its
+    // third does not: a plan chosen there is undone unless the pass's next
+    // 8 requests are its next entries (before: 12 hits and 19 misses on
+    // that step).
     let train = step_after_input(false);
     let n = train.len();
-    let pass: Vec<Req> = train[1..13].iter().map(|r| Req { kind: TensorKind::Temp, ..*r }).collect();
-    let e = pass.len();
-    let mut evaluating: Vec<Req> = Vec::new();
-    for p in 0..2 {
-        evaluating.extend(pass.iter().enumerate().map(|(k, r)| Req { free_at: p * e + (k + 2).min(e), ..*r }));
+    for same_start in [false, true] {
+        let mut pass: Vec<Req> = train[1..13].iter().map(|r| Req { kind: TensorKind::Temp, ..*r }).collect();
+        if same_start {
+            pass[0].kind = train[1].kind;
+        }
+        let e = pass.len();
+        let mut evaluating: Vec<Req> = Vec::new();
+        for p in 0..2 {
+            evaluating.extend(pass.iter().enumerate().map(|(k, r)| Req { free_at: p * e + (k + 2).min(e), ..*r }));
+        }
+        evaluating.extend(train.iter().map(|r| Req { free_at: r.free_at + 2 * e, ..*r }));
+        let mut steps: Vec<MarkedStep> = vec![(first_step(&train), vec![7])];
+        for k in 1..10 {
+            steps.push(match k % 3 {
+                0 => (evaluating.clone(), vec![0, e, 2 * e + 1]),
+                _ => (train.clone(), vec![1]),
+            });
+        }
+        let (cold, per) = run_marked_steps(&steps, "planned", None);
+        let (defrag, _) = run_marked_steps(&steps, "defrag", None);
+        let hits: Vec<(u64, u64)> = per.iter().map(|s| (s.plan_hits, s.plan_misses)).collect();
+        // The first evaluating step: its training part served from its
+        // forward pass (the input before the mark skipped); the
+        // evaluation's requests, another step's, at most misses.
+        assert!(per[3].plan_hits >= n as u64 - 1, "{same_start}: {hits:?}");
+        assert!(per[3].plan_misses <= 2 * e as u64 + 1, "{same_start}: {hits:?}");
+        assert_not_above_defrag(&cold, &defrag, &per);
     }
-    evaluating.extend(train.iter().map(|r| Req { free_at: r.free_at + 2 * e, ..*r }));
-    let mut steps: Vec<MarkedStep> = vec![(first_step(&train), vec![7])];
-    for k in 1..10 {
-        steps.push(match k % 3 {
-            0 => (evaluating.clone(), vec![0, e, 2 * e + 1]),
-            _ => (train.clone(), vec![1]),
-        });
-    }
-    let (cold, per) = run_marked_steps(&steps, "planned", None);
-    let (defrag, _) = run_marked_steps(&steps, "defrag", None);
-    let hits: Vec<(u64, u64)> = per.iter().map(|s| (s.plan_hits, s.plan_misses)).collect();
-    // The first evaluating step: its training part served from its forward
-    // pass (the input before the mark skipped); the evaluation's requests,
-    // another step's, at most misses.
-    assert!(per[3].plan_hits >= n as u64 - 1, "{hits:?}");
-    assert!(per[3].plan_misses <= 2 * e as u64 + 1, "{hits:?}");
-    assert_not_above_defrag(&cold, &defrag, &per);
 }
 
 /// The planned run's peak reserved bytes are at most the `defrag` run's.

@@ -605,6 +605,9 @@ pub(crate) struct Planning {
     /// or having its arena refused (what came before may hold memory), is
     /// no sign of unsteady steps and sets no floor on arenas.
     chosen_late: bool,
+    /// The step's request at which the active plan was chosen late (the
+    /// next [`LOOKAHEAD`] must be its next entries, or the choice is undone).
+    late_from: usize,
     /// The active plan needs a larger arena: it is matched, not served,
     /// until its install point.
     installing: bool,
@@ -817,6 +820,7 @@ impl Planning {
             choose_until: 0,
             late_forward: false,
             chosen_late: false,
+            late_from: 0,
             installing: false,
             matched: Vec::new(),
             last_match: None,
@@ -917,6 +921,7 @@ impl Planning {
             } else if self.active.is_some() {
                 self.choosing = false;
                 self.chosen_late = !self.current.is_empty();
+                self.late_from = self.current.len();
                 // What came before it is extra: misses (for replanning).
                 self.step_misses += self.current.len() as u64;
             }
@@ -1520,7 +1525,29 @@ impl<D: Device> Allocator<D> {
     #[inline]
     pub(super) fn planned_block(&mut self, req: &AllocRequest) -> Result<Option<(u32, u32)>, AllocError> {
         let Some(p) = self.planning.as_mut() else { return Ok(None) };
+        let expected = p.cursor;
         let planned = p.next_offset(req);
+        // A plan chosen at a later forward pass serves on only if the
+        // pass's next LOOKAHEAD requests are its next entries, in order:
+        // an evaluation's forward pass may start with a request of the
+        // training forward's (its embedding), then differ (gradients off).
+        // Undone, the pass goes on as one no plan serves; a later forward
+        // pass may choose again.
+        if p.chosen_late
+            && p.late_forward
+            && p.active.is_some()
+            && p.current.len() > p.late_from
+            && p.current.len() <= p.late_from + LOOKAHEAD
+            && planned.map(|(j, _)| j) != Some(expected)
+        {
+            tracing::debug!(
+                request = p.current.len(),
+                "a plan chosen at a later forward pass is not that pass's; undone"
+            );
+            p.active = None;
+            p.chosen_late = false;
+            p.matched.clear();
+        }
         let Some(i) = p.active else {
             return Ok(if p.kept_left.is_empty() { None } else { self.serve_kept_left(req) });
         };
