@@ -881,6 +881,21 @@ fn first_step(template: &[Req]) -> Vec<Req> {
     t
 }
 
+/// A training step of 8 layers after its input (2 MiB and some, freed once
+/// the next step's input is allocated: far less than 1/200 of the step's
+/// peak), its gradients freed by the step's end (the arena holds nothing
+/// between steps).
+fn input_step() -> Vec<Req> {
+    let mut template = vec![Req { bytes: 2 * MIB + 123 * KIB, kind: TensorKind::Activation, free_at: 0 }];
+    template.extend(training_step(8, 64 * MIB + 300 * KIB).into_iter().map(|r| Req { free_at: r.free_at + 1, ..r }));
+    let n = template.len();
+    for r in template.iter_mut().filter(|r| r.free_at > n) {
+        r.free_at = n;
+    }
+    template[0].free_at = n + 1;
+    template
+}
+
 #[test]
 fn an_input_held_until_the_next_batch_replaces_it_lies_in_the_arena_s_free_space() {
     // `for x in loader: out = model(x.to(device))`: each step's input is
@@ -894,14 +909,8 @@ fn an_input_held_until_the_next_batch_replaces_it_lies_in_the_arena_s_free_space
     // step's room for one, the other grew a dynamic segment): they borrow
     // the arena's free space, displacing no planned tensor, and the run's
     // two device calls are its two arenas.
-    let mut template = vec![Req { bytes: 2 * MIB + 123 * KIB, kind: TensorKind::Activation, free_at: 0 }];
-    template.extend(training_step(8, 64 * MIB + 300 * KIB).into_iter().map(|r| Req { free_at: r.free_at + 1, ..r }));
+    let template = input_step();
     let n = template.len();
-    // (Gradients freed by the step's end: the arena holds nothing between steps.)
-    for r in template.iter_mut().filter(|r| r.free_at > n) {
-        r.free_at = n;
-    }
-    template[0].free_at = n + 1;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("plans.json");
     let (cold, _, _) = cached_run("planned", &template, 10, Some(&path));
@@ -2326,6 +2335,97 @@ fn the_second_step_is_served_by_a_plan_of_the_first_step_s_guessed_lifetimes() {
     assert!(per[2..].iter().all(|s| s.plan_hits > 0 && s.device_alloc_calls == 0), "{per:?}");
     assert_eq!(planned.plan_refused, 0, "{planned:?}");
     assert_not_above_defrag(&planned, &defrag, &per);
+}
+
+/// The built-in planner, counting the plans asked of it; with `gap`, every
+/// planned offset is raised by it (a valid plan above the live bound).
+struct Counting {
+    asked: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    gap: u64,
+}
+
+impl PlannerPolicy for Counting {
+    fn name(&self) -> &str {
+        "counting"
+    }
+    fn plan(&mut self, profile: &StepProfile, _ctx: &PolicyContext) -> Result<Plan, PolicyError> {
+        self.asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p = wasmem::builtin::GreedyPlanner::plan_profile(profile);
+        let offsets = p.offsets.iter().map(|o| o.map(|o| o + self.gap)).collect();
+        Ok(Plan { arena_bytes: p.arena_bytes + self.gap, offsets })
+    }
+}
+
+#[test]
+fn a_guessed_plan_at_the_live_bound_that_the_second_step_keeps_valid_is_confirmed_without_planning() {
+    // The first step's plan, its gradients' lifetimes guessed, already
+    // places every request of the second step, valid with their known
+    // lifetimes, at the most bytes live at once: no plan can hold less,
+    // and the planner is not asked again (it was asked twice before). A
+    // guessed plan above that bound (every offset 1 MiB up) is planned
+    // again at the second step's end.
+    let template = training_step(6, 3 * MIB);
+    let mut steps = vec![first_step(&template)];
+    steps.extend(std::iter::repeat_n(template.clone(), 4));
+    for (gap, asked_after_two_steps) in [(0, 1), (MIB, 2)] {
+        let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let planner = Counting { asked: asked.clone(), gap };
+        let mut r = Run::with_planner(4 * GIB, Box::new(planner));
+        let per: Vec<Stats> = steps.iter().map(|s| r.step(s)).collect();
+        let seen = asked.load(std::sync::atomic::Ordering::Relaxed);
+        let s = r.a.stats();
+        r.finish();
+        assert_eq!(per[1].plan_hits, template.len() as u64, "gap {gap}: {per:?}");
+        assert!(per[2..].iter().all(|s| s.plan_hits == template.len() as u64 && s.plan_misses == 0), "{per:?}");
+        assert_eq!(s.plan_refused, 0);
+        assert_eq!(s.plans, 1, "gap {gap}: the guessed plan serves on, confirmed or replanned alike");
+        assert!(seen >= asked_after_two_steps, "gap {gap}: asked {seen} times");
+        if gap == 0 {
+            assert_eq!(seen, 1, "a guessed plan at the bound is confirmed without asking the planner");
+        }
+    }
+}
+
+#[test]
+fn a_guessed_plan_holds_after_an_input_the_guess_left_out() {
+    // An input before each forward pass, held until the next step's
+    // replaces it (`for x in loader: out = model(x.to(device))`; far less
+    // than 1/200 of the peak: steps stay planned one at a time): the guess
+    // leaves it out, and the second step is the guessed plan's requests
+    // after it. The plan holds there too: the planner is asked once. And
+    // the input, allocated before its step chose the plan, borrows no
+    // range the plan places first (before, the second step's input took
+    // the first activation's: 20 of 24 planned requests missed, and the
+    // run held 3 % more than `defrag`).
+    let template = input_step();
+    let n = template.len();
+    let first = first_step(&template);
+    let first_forward = first.len() - template.len() - 6 + 1;
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut r = Run::with_planner(4 * GIB, Box::new(Counting { asked: asked.clone(), gap: 0 }));
+    let mut per = vec![r.step_marked(&first, &[first_forward])];
+    per.extend((0..4).map(|_| r.step_marked(&template, &[1])));
+    let s = r.a.stats();
+    r.finish();
+    let mut d = Run::new("defrag", 4 * GIB);
+    d.step_marked(&first, &[first_forward]);
+    for _ in 0..4 {
+        d.step_marked(&template, &[1]);
+    }
+    let ds = d.a.stats();
+    d.finish();
+    let hits: Vec<(u64, u64)> = per.iter().map(|s| (s.plan_hits, s.plan_misses)).collect();
+    assert!(per[1..].iter().all(|s| s.plan_hits == n as u64 - 1 && s.plan_misses <= 1), "{hits:?}");
+    // (The guessed plan, then the same offsets as the plan of the step
+    // with its input: made without the planner.)
+    assert_eq!((s.plans, s.plan_refused), (2, 0), "{s:?}");
+    assert_eq!(asked.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert!(
+        s.bytes.peak_reserved_bytes <= ds.bytes.peak_reserved_bytes,
+        "planned {} against defrag {}",
+        s.bytes.peak_reserved_bytes,
+        ds.bytes.peak_reserved_bytes
+    );
 }
 
 #[test]

@@ -888,6 +888,26 @@ impl Planning {
         size > 0 && zone == q.zone && if zone > 0 { q.arena_bytes == size } else { q.arena_bytes <= size }
     }
 
+    /// The plan a borrowing tensor must make room for: the active one; at
+    /// a step's start before any is chosen (an input before the forward
+    /// pass: one of the step's first [`LOOKAHEAD`] requests, not at a later
+    /// forward pass), the plan that served the arena last — the step will
+    /// most likely choose it at its next requests, from its first entry
+    /// (steps planned one at a time: a plan of two steps resumes at its
+    /// forward passes).
+    fn lend_plan(&self) -> Option<usize> {
+        if self.active.is_some() {
+            return self.active;
+        }
+        let start = self.choosing && !self.late_forward && self.current.len() < LOOKAHEAD;
+        if !start || self.period != 1 || self.suspended {
+            return None;
+        }
+        let used =
+            self.plans.iter().enumerate().filter(|(_, q)| !q.first_only && q.used && self.serves_current_arena(q));
+        used.max_by_key(|(_, q)| q.last_used).map(|(i, _)| i)
+    }
+
     /// Drops every stored plan and the step's use of one.
     fn forget_plans(&mut self) {
         self.plans.clear();
@@ -1549,6 +1569,15 @@ impl<D: Device> Allocator<D> {
             p.matched.clear();
         }
         let Some(i) = p.active else {
+            // A request before the step chose its plan (an input): if it
+            // borrows the arena, it must leave what the plan it will most
+            // likely choose places first, for as long as a request the
+            // plan has no entry for is expected to live.
+            if let Some(j) = p.lend_plan() {
+                let n = p.plans[j].keys.len() as u32;
+                p.borrow = Some((p.current.len() as u32, 0, UNKNOWN_LIFETIME.min(n)));
+                p.borrow_planless = false;
+            }
             return Ok(if p.kept_left.is_empty() { None } else { self.serve_kept_left(req) });
         };
         if p.installing {
@@ -2566,7 +2595,11 @@ impl<D: Device> Allocator<D> {
     /// (in an arena at least as large as the cached plans').
     fn make_plan(&mut self, profile: &StepProfile) -> Result<(), AllocError> {
         let room_left = self.room_left(profile);
-        let plain = self.ask_planner(room_left.as_ref().map_or(profile, |(asked, _)| asked))?;
+        let asked = room_left.as_ref().map_or(profile, |(asked, _)| asked);
+        let plain = match self.guessed_holds(asked) {
+            Some(plan) => Some(plan),
+            None => self.ask_planner(asked)?,
+        };
         // Two steps at a time: an aliased plan, when the planner makes one
         // that holds no more than the plain plan (with what each leaves
         // dynamic) in whole pages of the device (the aliased arena is
@@ -2686,6 +2719,37 @@ impl<D: Device> Allocator<D> {
         }
         self.stats.plans += 1;
         Ok(())
+    }
+
+    /// The plan of guessed lifetimes made at the first step, as a plan of
+    /// `profile` (the next step's, as the planner would be asked it), when
+    /// it holds: the profile is the plan's very requests after at most
+    /// [`LOOKAHEAD`] others before them (an input before the first forward
+    /// pass, which the guess left out), and the plan — judged by the known
+    /// lifetimes — is valid, plans every request that can be planned and
+    /// holds no more than the most of them live at once. No plan holds
+    /// less, so the planner is not asked. `None` otherwise, and with steps
+    /// planned two at a time.
+    fn guessed_holds(&self, profile: &StepProfile) -> Option<Plan> {
+        let p = self.planning.as_ref().filter(|p| p.period == 1)?;
+        let reqs = &profile.requests;
+        let q = p.plans.iter().find(|q| q.guessed_need > 0 && !q.first_only && q.zone == 0)?;
+        let skip = reqs.len().checked_sub(q.keys.len()).filter(|&s| s <= LOOKAHEAD)?;
+        if !reqs[skip..].iter().map(key).eq(q.keys.iter().copied()) {
+            return None;
+        }
+        let offsets: Vec<Option<u64>> = std::iter::repeat_n(None, skip).chain(q.offsets.iter().copied()).collect();
+        if reqs.iter().zip(&offsets).enumerate().any(|(k, (r, o))| o.is_some() != r.plannable(k as u32)) {
+            return None;
+        }
+        let bound = cycle_live(reqs, &offsets).into_iter().max().unwrap_or(0);
+        let arena = offsets.iter().zip(reqs).filter_map(|(o, r)| o.map(|o| o.saturating_add(r.planned_bytes()))).max();
+        let plan = Plan { arena_bytes: arena.unwrap_or(0), offsets };
+        if plan.arena_bytes > bound || validate_plan(profile, &plan, self.device.capacity()).is_err() {
+            return None;
+        }
+        tracing::debug!(step = profile.step, arena = plan.arena_bytes, skip, "the plan of guessed lifetimes holds");
+        Some(plan)
     }
 
     /// Reads the plan cache at `path` (the plans of an earlier run of the
@@ -3607,7 +3671,7 @@ impl<D: Device> Allocator<D> {
     #[cold]
     fn index_space(&mut self, a: usize) {
         let Some(p) = self.planning.as_mut() else { return };
-        let (Some(i), Some(arena)) = (p.active, p.arenas.get(a)) else { return };
+        let (Some(i), Some(arena)) = (p.lend_plan(), p.arenas.get(a)) else { return };
         let key = (arena.size, arena.zone);
         let plan = &mut p.plans[i];
         if plan.first_only || plan.space.as_ref().is_some_and(|ix| ix.key == key) {
@@ -3634,7 +3698,7 @@ impl<D: Device> Allocator<D> {
         let p = self.planning.as_ref()?;
         let (_, from, until) = p.borrow.filter(|&(at, ..)| at == p.current.len() as u32)?;
         p.arenas.len().checked_sub(1).filter(|&l| l == a && Some(p.arenas[l].seg) != p.kept_seg)?;
-        let (plan, arena) = (&p.plans[p.active?], &p.arenas[a]);
+        let (plan, arena) = (&p.plans[p.lend_plan()?], &p.arenas[a]);
         let (n, zone) = (plan.keys.len() as u32, arena.zone);
         if n == 0 || fits.is_empty() {
             return None;

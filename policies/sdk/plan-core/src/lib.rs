@@ -780,6 +780,12 @@ impl Fit {
         self.top = self.top.max(end);
     }
 
+    /// Whether the best gap so far holds exactly `size` (none can beat it).
+    #[inline(always)]
+    fn exact(&self, size: u64) -> bool {
+        self.best.is_some_and(|(g, _)| g == size)
+    }
+
     /// The offset found: the best gap's, or above every block met.
     fn offset(&self) -> u64 {
         self.best.map_or(self.top, |(_, off)| off)
@@ -828,7 +834,8 @@ impl Blocks for Scan {
     }
 
     /// The scan and [`best_fit`] in one pass: the blocks are kept in the
-    /// order it sorts them in.
+    /// order it sorts them in. A gap of exactly `size` ends the scan: no
+    /// later gap is smaller, and the lowest gap wins a tie.
     fn fit(&mut self, iv: &[(u32, u32)], size: u64, _scratch: &mut Vec<(u64, u64)>) -> u64 {
         let meets = |&(a, e): &(u32, u32)| iv.iter().any(|&(b, f)| a < f && b < e);
         let mut fit = Fit::default();
@@ -837,11 +844,17 @@ impl Blocks for Scan {
                 let (a, e) = p.2[0];
                 if (a < f && b < e) || (p.3 == 2 && meets(&p.2[1])) {
                     fit.meet(p.0, p.1, size);
+                    if fit.exact(size) {
+                        break;
+                    }
                 }
             }
         } else {
             for p in self.0.iter().filter(|p| p.2[..p.3].iter().any(meets)) {
                 fit.meet(p.0, p.1, size);
+                if fit.exact(size) {
+                    break;
+                }
             }
         }
         fit.offset()
