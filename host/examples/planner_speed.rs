@@ -12,13 +12,29 @@
 //! native, WebAssembly (the call through the runtime: lowering the profile,
 //! planning, lifting the plan), their ratio, and the engine's default
 //! planning deadline for that profile (1 ms + 25 µs per request).
+//!
+//! With `--trace T…`: the profiles the engine itself asks its planner for
+//! when it replays each trace under `planned` (the built-in planner,
+//! recorded), each planned again ROUNDS times natively and by the
+//! component: per trace, the profiles (plain and of two steps), the
+//! largest, and the median and the most of their planning times.
+//!
+//! ```sh
+//! cargo run --release -p wasmem --example planner_speed -- 3 --trace ../shared/traces/gpt2_124m.jsonl.gz
+//! ```
 
 use std::time::{Duration, Instant};
 
+use std::sync::{Arc, Mutex};
+
+use wasmem::alloc::Allocator;
 use wasmem::builtin::GreedyPlanner;
-use wasmem::decision::{PlanRequest, PlannerPolicy, PolicyContext, StepProfile};
+use wasmem::decision::{AliasedPlan, Plan, PlanRequest, PlannerPolicy, PolicyContext, PolicyError, StepProfile};
+use wasmem::device::sim::SimDevice;
 use wasmem::policy::{CacheDir, Limits, Runtime, RuntimeConfig};
+use wasmem::replay::{replay_with, ReplayConfig};
 use wasmem::types::{StreamId, TensorKind, GIB};
+use wasmem::workload::{Source, Workload};
 
 /// xorshift64: deterministic sizes.
 struct Sizes(u64);
@@ -99,8 +115,98 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
+/// A profile the engine asked for: plain, or of two steps (aliased).
+type Asked = (StepProfile, bool);
+
+/// The built-in planner, keeping every profile it is asked to plan.
+struct Recorder {
+    inner: GreedyPlanner,
+    asked: Arc<Mutex<Vec<Asked>>>,
+}
+
+impl PlannerPolicy for Recorder {
+    fn name(&self) -> &str {
+        "recorder"
+    }
+    fn plan(&mut self, profile: &StepProfile, ctx: &PolicyContext) -> Result<Plan, PolicyError> {
+        self.asked.lock().expect("not poisoned").push((profile.clone(), false));
+        self.inner.plan(profile, ctx)
+    }
+    fn plan_aliased(&mut self, profile: &StepProfile, ctx: &PolicyContext) -> Result<Option<AliasedPlan>, PolicyError> {
+        self.asked.lock().expect("not poisoned").push((profile.clone(), true));
+        self.inner.plan_aliased(profile, ctx)
+    }
+}
+
+/// The profiles `planned` asks its planner for when it replays `trace`.
+fn profiles_of(trace: &str) -> anyhow::Result<Vec<Asked>> {
+    let w = Workload::open(&Source::File(trace.into()))?;
+    let cfg = ReplayConfig::default();
+    let mut alloc = Allocator::with_builtin(SimDevice::new(cfg.device), "planned")
+        .ok_or_else(|| anyhow::anyhow!("no built-in `planned`"))?;
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    alloc.set_planner(Some(Box::new(Recorder { inner: GreedyPlanner::default(), asked: asked.clone() })));
+    replay_with(w.events()?, alloc, &cfg, |_| {})?;
+    let out = std::mem::take(&mut *asked.lock().expect("not poisoned"));
+    Ok(out)
+}
+
+/// Plans the profiles each of `traces` asks for, `rounds` times each, natively
+/// and by `wasm`, and prints a row per trace.
+fn traces(traces: &[String], rounds: usize, wasm: &mut dyn PlannerPolicy, ctx: &PolicyContext) -> anyhow::Result<()> {
+    println!(
+        "{:>24} {:>8} {:>8} {:>21} {:>21}",
+        "trace", "profiles", "largest", "native median / most", "wasm median / most"
+    );
+    for t in traces {
+        let asked = profiles_of(t)?;
+        let (mut tn, mut tw) = (Vec::new(), Vec::new());
+        for (p, aliased) in &asked {
+            let (mut n, mut w) = (Vec::new(), Vec::new());
+            for _ in 0..rounds {
+                let mut native = GreedyPlanner::default();
+                let t0 = Instant::now();
+                if *aliased {
+                    std::hint::black_box(native.plan_aliased(p, ctx)?);
+                } else {
+                    std::hint::black_box(native.plan(p, ctx)?);
+                }
+                n.push(t0.elapsed());
+                let t0 = Instant::now();
+                if *aliased {
+                    std::hint::black_box(wasm.plan_aliased(p, ctx)?);
+                } else {
+                    std::hint::black_box(wasm.plan(p, ctx)?);
+                }
+                w.push(t0.elapsed());
+            }
+            tn.push(median(n));
+            tw.push(median(w));
+        }
+        let name = std::path::Path::new(t).file_name().map_or(t.clone(), |f| f.to_string_lossy().into_owned());
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let most = |v: &[Duration]| v.iter().max().copied().unwrap_or_default();
+        let largest = asked.iter().map(|(p, _)| p.requests.len()).max().unwrap_or(0);
+        let aliased = asked.iter().filter(|(_, a)| *a).count();
+        println!(
+            "{name:>24} {:>4} ({aliased}) {largest:>8} {:>9.2} / {:>6.2} ms {:>9.2} / {:>6.2} ms",
+            asked.len(),
+            if tn.is_empty() { 0.0 } else { ms(median(tn.clone())) },
+            ms(most(&tn)),
+            if tw.is_empty() { 0.0 } else { ms(median(tw.clone())) },
+            ms(most(&tw)),
+        );
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
-    let rounds: usize = std::env::args().nth(1).map(|a| a.parse()).transpose()?.unwrap_or(3).max(1);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (args, trace_args) = match args.iter().position(|a| a == "--trace") {
+        Some(i) => (args[..i].to_vec(), args[i + 1..].to_vec()),
+        None => (args, Vec::new()),
+    };
+    let rounds: usize = args.first().map(|a| a.parse()).transpose()?.unwrap_or(3).max(1);
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let path = repo.join("policies/out/greedy-planner.wasm");
     anyhow::ensure!(path.is_file(), "{} is missing: run `bash policies/build.sh --rust`", path.display());
@@ -112,6 +218,9 @@ fn main() -> anyhow::Result<()> {
     })?;
     let mut wasm = rt.load(&path)?.instantiate("")?.planner().ok_or_else(|| anyhow::anyhow!("no planner"))?;
     let ctx = PolicyContext { capacity_bytes: 1 << 50, ..PolicyContext::default() };
+    if !trace_args.is_empty() {
+        return traces(&trace_args, rounds, &mut wasm, &ctx);
+    }
     println!(
         "{:>9} {:>9} {:>12} {:>12} {:>7} {:>12}  arena",
         "shape", "requests", "native", "wasm", "ratio", "deadline"
