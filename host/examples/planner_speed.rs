@@ -162,23 +162,20 @@ fn traces(traces: &[String], rounds: usize, wasm: &mut dyn PlannerPolicy, ctx: &
         let asked = profiles_of(t)?;
         let (mut tn, mut tw) = (Vec::new(), Vec::new());
         for (p, aliased) in &asked {
+            // One plan of `p` by `planner`, timed.
+            let time = |planner: &mut dyn PlannerPolicy| -> anyhow::Result<Duration> {
+                let t0 = Instant::now();
+                if *aliased {
+                    std::hint::black_box(planner.plan_aliased(p, ctx)?);
+                } else {
+                    std::hint::black_box(planner.plan(p, ctx)?);
+                }
+                Ok(t0.elapsed())
+            };
             let (mut n, mut w) = (Vec::new(), Vec::new());
             for _ in 0..rounds {
-                let mut native = GreedyPlanner::default();
-                let t0 = Instant::now();
-                if *aliased {
-                    std::hint::black_box(native.plan_aliased(p, ctx)?);
-                } else {
-                    std::hint::black_box(native.plan(p, ctx)?);
-                }
-                n.push(t0.elapsed());
-                let t0 = Instant::now();
-                if *aliased {
-                    std::hint::black_box(wasm.plan_aliased(p, ctx)?);
-                } else {
-                    std::hint::black_box(wasm.plan(p, ctx)?);
-                }
-                w.push(t0.elapsed());
+                n.push(time(&mut GreedyPlanner::default())?);
+                w.push(time(&mut *wasm)?);
             }
             tn.push(median(n));
             tw.push(median(w));
