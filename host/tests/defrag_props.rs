@@ -55,7 +55,11 @@ impl ReclamationPolicy for CompactOnPhase {
 fn device() -> SimDevice {
     // Slow copies (1 MB/s) so that stream work keeps events pending for a while.
     let cost = SimCost { copy_gbps: 0.001, ..SimCost::default() };
-    SimDevice::new(SimConfig { capacity: 96 * MIB, host_backed: true, cost, ..SimConfig::default() })
+    // A page per physical allocation (a device that maps whole allocations
+    // only), so that a trimmed page goes back to the device at once; growths
+    // of several pages in one allocation are tested with
+    // `stitching_allocator`.
+    SimDevice::new(SimConfig { capacity: 96 * MIB, host_backed: true, cost, maps_parts: false, ..SimConfig::default() })
 }
 
 /// Paged segments: stitches every growth, trims half of the cache (page by
@@ -371,6 +375,58 @@ fn stitching_allocator(capacity: u64) -> Allocator<SimDevice> {
 
 /// Both invariants hold, and the even-numbered tensors of `ids` still begin
 /// with their pattern (the odd ones were freed).
+/// Spare pages left by a policy that pages serve the segments of one that
+/// does not (as after a hot swap) before the device is asked: a transient's
+/// growth is one allocation from the first byte, its trimmed holes wait as
+/// spares, and the next policy's growth maps them instead of allocating.
+#[test]
+fn spare_pages_serve_a_policy_that_does_not_page() {
+    let mut a = stitching_allocator(256 * MIB);
+    let ids = five_in_one_segment(&mut a);
+    assert_eq!(a.stats().device_alloc_calls, 1, "ten pages of a transient, one device call");
+    tag_and_trim_holes(&mut a, &ids);
+    assert_eq!(a.device().counters().used_bytes, 20 * MIB);
+    // The `pytorch` reclamation asks for no paged segment.
+    a.set_reclamation(Box::new(PytorchReclamation));
+    let big = a.alloc(8 * MIB, TensorKind::Activation, StreamId(0)).unwrap();
+    a.write(big, 0, &pattern(9, 0, 8 * MIB as usize)).unwrap();
+    assert_eq!(a.stats().device_alloc_calls, 1, "the four spare pages, no device call");
+    assert_eq!(a.device().counters().used_bytes, 20 * MIB);
+    free_all_checked(&mut a, &ids, big, 9);
+    assert_eq!((a.gauges().reserved_bytes, a.device().counters().used_bytes), (0, 0));
+    assert_eq!(a.stats().device_free_calls, 1, "the allocation goes back whole");
+}
+
+/// Tags the five tensors of one allocation, frees the second and fourth and
+/// trims their pages: the allocation still holds three tensors, so the
+/// device gets nothing back and the pages stay reserved (spare).
+fn tag_and_trim_holes(a: &mut Allocator<SimDevice>, ids: &[TensorId]) {
+    for (i, &id) in ids.iter().enumerate() {
+        a.write(id, 0, &pattern(i as u64, 0, 4096)).unwrap();
+    }
+    a.free(ids[1]).unwrap();
+    a.free(ids[3]).unwrap();
+    let released =
+        a.release_cached(&ReclaimDecision { release_bytes: u64::MAX, trim: true, ..ReclaimDecision::none() }).unwrap();
+    assert_eq!(released, 0, "nothing went back to the device");
+}
+
+/// Checks the even tensors of `ids` and `big` (tagged with `pattern(seed)`),
+/// frees them and gives every cached byte back.
+fn free_all_checked(a: &mut Allocator<SimDevice>, ids: &[TensorId], big: TensorId, seed: u64) {
+    check_even_tensors(a, ids);
+    let len = a.tensor(big).unwrap().bytes as usize;
+    let mut got = vec![0u8; len];
+    a.read(big, 0, &mut got).unwrap();
+    assert_eq!(got, pattern(seed, 0, len));
+    for id in [ids[0], ids[2], ids[4], big] {
+        a.free(id).unwrap();
+    }
+    a.release_cached(&ReclaimDecision::all()).unwrap();
+    a.check_invariants().unwrap();
+    a.device().check_invariants().unwrap();
+}
+
 fn check_even_tensors(a: &mut Allocator<SimDevice>, ids: &[TensorId]) {
     a.check_invariants().unwrap();
     a.device().check_invariants().unwrap();
@@ -381,19 +437,16 @@ fn check_even_tensors(a: &mut Allocator<SimDevice>, ids: &[TensorId]) {
     }
 }
 
-/// Beside 1.25 GiB already reserved, a growth's pages are one physical
-/// allocation (one device call, as a `cudaMalloc` would be: a chunk may hold
-/// 1/64 of what is reserved, or a whole parameter); a trimmed page of an allocation whose other
-/// pages hold tensors stays reserved as a spare page, the next growth takes
-/// it without a device call, and the allocation goes back to the device once
-/// none of its pages is in use. Contents survive every step. (Small runs,
-/// like the others here, make a page at a time.)
+/// A growth's pages are one physical allocation (one device call, as a
+/// `cudaMalloc` would be), however large; a trimmed page of an allocation
+/// whose other pages hold tensors stays reserved as a spare page, the next
+/// growth takes it without a device call, and the allocation goes back to
+/// the device once none of its pages is in use. Contents survive every step.
+/// (The other tests here use a device that maps whole allocations only: a
+/// page at a time.)
 #[test]
 fn a_growth_is_one_device_allocation_and_its_trimmed_pages_wait_as_spares() {
     let mut a = stitching_allocator(2048 * MIB);
-    // A tensor that never leaves gives no page back: its growth is one
-    // chunk however large (a transient's, with nothing reserved yet, would
-    // be made page by page).
     let base = a.alloc(1280 * MIB, TensorKind::Param, StreamId(0)).unwrap();
     assert_eq!(a.stats().device_alloc_calls, 1, "640 pages, one device call");
     let whole = a.alloc(20 * MIB, TensorKind::Activation, StreamId(0)).unwrap();
@@ -401,16 +454,7 @@ fn a_growth_is_one_device_allocation_and_its_trimmed_pages_wait_as_spares() {
     let ids: Vec<_> = (0..5).map(|_| a.alloc(4 * MIB, TensorKind::Activation, StreamId(0)).unwrap()).collect();
     assert_eq!(a.stats().device_alloc_calls, 2, "ten pages, one device call");
     assert_eq!(a.device().counters().alloc_calls, 2);
-    for (i, &id) in ids.iter().enumerate() {
-        a.write(id, 0, &pattern(i as u64, 0, 4096)).unwrap();
-    }
-    // Trimming the holes' pages: their allocation still holds three
-    // tensors, so the device gets nothing back and the pages stay reserved.
-    a.free(ids[1]).unwrap();
-    a.free(ids[3]).unwrap();
-    let released =
-        a.release_cached(&ReclaimDecision { release_bytes: u64::MAX, trim: true, ..ReclaimDecision::none() }).unwrap();
-    assert_eq!(released, 0, "nothing went back to the device");
+    tag_and_trim_holes(&mut a, &ids);
     assert_eq!(a.gauges().reserved_bytes, 1300 * MIB, "16 MiB in segments and 4 spare pages");
     assert_eq!(a.device().counters().used_bytes, 1300 * MIB);
     assert_eq!(a.stats().device_free_calls, 0);
@@ -422,17 +466,8 @@ fn a_growth_is_one_device_allocation_and_its_trimmed_pages_wait_as_spares() {
     a.write(big, 0, &pattern(7, 0, 6 * MIB as usize)).unwrap();
     assert_eq!(a.stats().device_alloc_calls, 2, "spare pages, no device call");
     assert_eq!(a.device().counters().used_bytes, 1300 * MIB);
-    check_even_tensors(&mut a, &ids);
-    let mut got = vec![0u8; 6 * MIB as usize];
-    a.read(big, 0, &mut got).unwrap();
-    assert_eq!(got, pattern(7, 0, 6 * MIB as usize));
     // Everything freed and given back: the allocation goes, in one call.
-    for id in [ids[0], ids[2], ids[4], big] {
-        a.free(id).unwrap();
-    }
-    a.release_cached(&ReclaimDecision::all()).unwrap();
-    a.check_invariants().unwrap();
-    a.device().check_invariants().unwrap();
+    free_all_checked(&mut a, &ids, big, 7);
     assert_eq!(a.gauges().reserved_bytes, 1280 * MIB);
     assert_eq!(a.device().counters().used_bytes, 1280 * MIB);
     assert_eq!(a.stats().device_free_calls, 1);

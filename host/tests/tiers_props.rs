@@ -101,8 +101,7 @@ proptest! {
     }
 
     /// `defrag` beside a pinned 1.25 GiB parameter (never touched): growths
-    /// are chunks of several pages (a chunk may hold 1/64 of what is
-    /// reserved), so trimmed and freed pages wait as spare pages while
+    /// are chunks of several pages (one per growth), so trimmed and freed pages wait as spare pages while
     /// their chunks' other pages hold tensors, under eviction.
     #[test]
     fn chunks_and_spare_pages_survive_every_move(

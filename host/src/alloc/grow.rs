@@ -29,7 +29,7 @@ use super::slab::{Block, Segment, NIL};
 use super::{ActionKind, AllocError, Allocator};
 use crate::decision::{AllocRequest, ReclaimDecision, ReclaimTrigger};
 use crate::device::{Device, DeviceError};
-use crate::types::{round_up, TensorKind};
+use crate::types::round_up;
 
 /// One request that needs memory: where it goes and how much.
 #[derive(Debug, Clone, Copy)]
@@ -102,7 +102,13 @@ impl<D: Device> Allocator<D> {
         // 3. A new segment (an idle planned arena goes first: see
         // `release_arena_for_dynamic_step`), or a paged one extended.
         self.release_arena_for_dynamic_step()?;
-        let page = self.paged_page(g.segment);
+        let page = match self.paged_page(g.segment) {
+            // Spare pages (of chunks still in use, e.g. left by a policy
+            // that paged before a swap) serve a segment of whole pages
+            // before the device is asked, whatever the policy.
+            0 => self.spare_page_for(g.segment),
+            p => p,
+        };
         let segment = if page > 0 { round_up(g.segment, page).unwrap_or(g.segment) } else { g.segment };
         let mut mapped = segment;
         if page > 0 {
@@ -212,12 +218,7 @@ impl<D: Device> Allocator<D> {
     #[inline]
     fn new_segment(&mut self, pool: u32, bytes: u64, page: u64, req: &AllocRequest) -> Result<u32, AllocError> {
         let (base, paged) = if page > 0 {
-            // A tensor that never leaves gives none of its pages back: its
-            // growth is one chunk, however large.
-            self.paging.whole_chunk = matches!(req.kind, TensorKind::Param | TensorKind::Optim);
-            let made = self.alloc_paged_segment(bytes, page);
-            self.paging.whole_chunk = false;
-            let (va, p) = made?;
+            let (va, p) = self.alloc_paged_segment(bytes, page)?;
             (va, Some(p))
         } else {
             (self.device.alloc_segment(bytes)?, None)

@@ -7,16 +7,16 @@
 //! mapped on its own (`cuMemAddressReserve` + `cuMemMap` on CUDA), instead
 //! of one `cudaMalloc`. A page is a part of a physical allocation, a
 //! *chunk*: the fresh pages of one growth are one chunk (`cuMemCreate` once,
-//! each page mapped at its offset: [`Device::map_part`]) of at most
-//! 1/[`CHUNK_SHARE`] of the bytes reserved then (a page at a time where that
-//! is less than two pages, or where the device cannot map parts), or the
-//! whole growth for a tensor that never leaves (a parameter, an optimizer
-//! state: it gives no page back while it lives). A page
-//! given back (trim, release) while other pages of its chunk are in use
-//! stays *spare*: reserved, in no pool; the next growth, stitch or arena
-//! takes spare pages before it makes a chunk, and a chunk goes back to the
-//! device once all its pages are spare. The share bounds what a chunk can
-//! keep from the device (measured: no overhead changed on any trace).
+//! each page mapped at its offset: [`Device::map_part`]; a page at a time
+//! where the device cannot map parts), as a growth of PyTorch's caching
+//! allocator is one `cudaMalloc`. A page given back (trim, release) while
+//! other pages of its chunk are in use stays *spare*: reserved, in no pool;
+//! the next growth, stitch or arena takes spare pages before it makes a
+//! chunk, and a chunk goes back to the device once all its pages are spare.
+//! What a chunk keeps from the device is thus used again by the run itself
+//! (measured: no overhead of a recorded or shared trace changed against
+//! chunks of at most 1/64 of the reserved bytes; a planned arena made from
+//! spare pages is whole pages, within one page of an exact-size one).
 //!
 //! [`Device::map_part`]: crate::device::Device::map_part
 //!
@@ -122,9 +122,6 @@ pub(crate) struct Paging {
     /// Bytes of spare pages counted in the reserved gauge
     /// ([`Allocator::settle_spare`]).
     pub spare_counted: u64,
-    /// The growth being made is for a tensor that never leaves (a
-    /// parameter, an optimizer state): one chunk, whatever its size.
-    pub whole_chunk: bool,
 }
 
 impl Paging {
@@ -214,10 +211,6 @@ struct PageRunIdx {
     count: u64,
 }
 
-/// A chunk holds at most `1 / CHUNK_SHARE` of the memory reserved when it
-/// is made (and one page more).
-const CHUNK_SHARE: u64 = 64;
-
 impl<D: Device> Allocator<D> {
     /// The page size for paged segments, or 0 when they cannot be used now.
     pub(super) fn paged_page(&self, segment_bytes: u64) -> u64 {
@@ -226,6 +219,19 @@ impl<D: Device> Allocator<D> {
             return 0;
         }
         page
+    }
+
+    /// The page size where spare pages can make (part of) a segment of
+    /// `segment_bytes` that the policy did not ask to be paged: whole
+    /// pages, at least one, and a spare page at hand; 0 otherwise.
+    pub(super) fn spare_page_for(&self, segment_bytes: u64) -> u64 {
+        let page = self.device.granularity();
+        let whole = page > 0 && segment_bytes >= page && segment_bytes.is_multiple_of(page);
+        if whole && self.paging.spare_pages > 0 && self.device.maps_parts() {
+            page
+        } else {
+            0
+        }
     }
 
     /// Waits for the work queued on `streams` before their pages are
@@ -270,15 +276,9 @@ impl<D: Device> Allocator<D> {
             self.settle_spare();
         }
         let rest = pages - out.len() as u64;
-        // A chunk's free pages wait (spare) while any of its pages is in
-        // use: a chunk holds at most 1/64 of what is reserved (and a page
-        // more), so that what a chunk can keep from the device stays small
-        // beside the run's memory (small runs page by page, as before).
-        let cap = match self.device.maps_parts() {
-            false => 1,
-            true if self.paging.whole_chunk => rest.max(1),
-            true => self.stats.bytes.reserved_bytes / CHUNK_SHARE / page + 1,
-        };
+        // One chunk for the rest (its free pages wait, spare, while any of
+        // its pages is in use), or a page at a time.
+        let cap = if self.device.maps_parts() { rest.max(1) } else { 1 };
         let chunks: Vec<u64> = (0..rest.div_ceil(cap)).map(|k| cap.min(rest - k * cap)).collect();
         let taken = out.len();
         for n in chunks {

@@ -92,11 +92,21 @@ pub struct SimConfig {
     pub host_backed: bool,
     /// Page granularity for the virtual-memory operations (default 2 MiB).
     pub granularity: u64,
+    /// Maps a part of a physical allocation at an address (`cuMemMap` with
+    /// an offset; default true). False models a driver that maps only
+    /// whole allocations: the engine then makes a page at a time.
+    pub maps_parts: bool,
 }
 
 impl Default for SimConfig {
     fn default() -> Self {
-        SimConfig { capacity: 80 * GIB, cost: SimCost::default(), host_backed: false, granularity: 2 * MIB }
+        SimConfig {
+            capacity: 80 * GIB,
+            cost: SimCost::default(),
+            host_backed: false,
+            granularity: 2 * MIB,
+            maps_parts: true,
+        }
     }
 }
 
@@ -583,11 +593,14 @@ impl Device for SimDevice {
     }
 
     fn map_part(&mut self, va: DevicePtr, phys: PhysHandle, offset: u64, bytes: u64) -> Result<(), DeviceError> {
+        if !self.cfg.maps_parts {
+            return Err(DeviceError::Invalid("this device maps whole physical allocations only".into()));
+        }
         self.map_range(va, phys, offset, Some(bytes))
     }
 
     fn maps_parts(&self) -> bool {
-        true
+        self.cfg.maps_parts
     }
 
     fn unmap(&mut self, va: DevicePtr) -> Result<(), DeviceError> {
