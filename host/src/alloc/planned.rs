@@ -1811,8 +1811,8 @@ impl<D: Device> Allocator<D> {
         }
         let blocks = &mut self.arena.blocks;
         // The block holding `off`: the free block starting there (the common
-        // case), else a walk along the links from the finger or a block of
-        // the same 2 MiB.
+        // case), else a walk along the links from the finger or from the
+        // block hinted for the nearest 2 MiB at or below.
         let c = off >> HINT_SPAN_LOG2;
         let within = |b: u32, lo: u64, hi: u64| {
             b != NIL
@@ -1826,11 +1826,13 @@ impl<D: Device> Allocator<D> {
         } else if within(arena.finger, off, off + 1) {
             arena.finger
         } else {
-            // The nearest 2 MiB at or below whose hint is one of its blocks.
+            // The nearest 2 MiB at or below whose hint is still a block of
+            // the arena (one that covered it once: a part of it, split
+            // since, lies next to it along the links).
             let mut d = c;
             loop {
                 let near = arena.near[d as usize];
-                if within(near, d << HINT_SPAN_LOG2, (d + 1) << HINT_SPAN_LOG2) {
+                if near != NIL && blocks.try_get(near).is_some_and(|x| x.segment == arena.seg) {
                     break near;
                 }
                 if d == 0 {

@@ -181,7 +181,9 @@ pub fn aliased(reqs: &[Request]) -> Option<AliasedPlan> {
 /// `occupied` (the lowest on a tie), and the offset at its low end, or with
 /// `high` at its high end.
 fn smallest_gap(occupied: &mut [(u64, u64)], size: u64, high: bool) -> Option<(u64, u64)> {
-    occupied.sort_unstable();
+    // By offset alone: blocks of one offset may meet in any order (the
+    // running top is their highest end either way).
+    occupied.sort_unstable_by_key(|b| b.0);
     let mut best: Option<(u64, u64)> = None;
     let mut top = 0u64;
     for &(off, end) in occupied.iter() {

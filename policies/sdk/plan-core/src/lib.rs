@@ -252,7 +252,9 @@ impl Placed {
 /// The lowest offset of the smallest gap of at least `size` bytes between
 /// the (possibly overlapping) blocks `occupied`, or above them all.
 fn best_fit(occupied: &mut [(u64, u64)], size: u64) -> u64 {
-    occupied.sort_unstable();
+    // By offset alone: blocks of one offset may meet in any order (the
+    // running top is their highest end either way).
+    occupied.sort_unstable_by_key(|b| b.0);
     let mut fit = Fit::default();
     for &(off, end) in occupied.iter() {
         fit.meet(off, end, size);
