@@ -51,6 +51,11 @@ pub use wasmem_plan_core::GREEDY_WORK;
 /// ([`wasmem_plan_core::Refiner`]), which [`PlannerPolicy::refine`] goes on
 /// with, one budget a call (unless `planned?refine=off`: no search at
 /// step ends).
+///
+/// Its plans are deterministic: a profile it planned lately (the last
+/// [`MAX_MADE`] plain and aliased ones) gets the plan it got then, without
+/// a search — the engine plans a step again after a few misses, often one
+/// of the very profile its plan came from (the misses were the install's).
 #[derive(Debug)]
 pub struct GreedyPlanner {
     effort: u64,
@@ -61,6 +66,33 @@ pub struct GreedyPlanner {
     by_period: bool,
     /// The searches of the latest plans, the newest last.
     searches: Vec<Refiner>,
+    /// The latest plans made, by profile, the newest last.
+    made: Vec<(Vec<wasmem_plan_core::Request>, Plan)>,
+    /// The latest aliased plans made (or none), by profile, the newest last.
+    made_aliased: Vec<(Vec<wasmem_plan_core::Request>, Option<AliasedPlan>)>,
+}
+
+/// Most plans (and as many aliased ones) a [`GreedyPlanner`] remembers.
+pub const MAX_MADE: usize = 2;
+
+/// The result remembered for `requests` in `made`, if any.
+fn made_for<'a, T>(
+    made: &'a [(Vec<wasmem_plan_core::Request>, T)],
+    requests: &[wasmem_plan_core::Request],
+) -> Option<&'a T> {
+    made.iter().rev().find(|(r, _)| r.as_slice() == requests).map(|(_, t)| t)
+}
+
+/// Remembers `result` for `requests` in `made` (at most [`MAX_MADE`]).
+fn remember<T>(
+    made: &mut Vec<(Vec<wasmem_plan_core::Request>, T)>,
+    requests: Vec<wasmem_plan_core::Request>,
+    result: T,
+) {
+    if made.len() >= MAX_MADE {
+        made.remove(0);
+    }
+    made.push((requests, result));
 }
 
 /// A planned profile and the search that goes on from its plan.
@@ -75,7 +107,14 @@ pub const MAX_SEARCHES: usize = 8;
 
 impl Default for GreedyPlanner {
     fn default() -> Self {
-        GreedyPlanner { effort: 1, refine: true, by_period: false, searches: Vec::new() }
+        GreedyPlanner {
+            effort: 1,
+            refine: true,
+            by_period: false,
+            searches: Vec::new(),
+            made: Vec::new(),
+            made_aliased: Vec::new(),
+        }
     }
 }
 
@@ -181,7 +220,13 @@ impl PlannerPolicy for GreedyPlanner {
     }
 
     fn plan(&mut self, profile: &StepProfile, _ctx: &PolicyContext) -> Result<Plan, PolicyError> {
-        Ok(self.plan_keeping(profile))
+        let requests: Vec<wasmem_plan_core::Request> = profile.requests.iter().map(|r| r.core()).collect();
+        if let Some(plan) = made_for(&self.made, &requests) {
+            return Ok(plan.clone());
+        }
+        let plan = self.plan_keeping(profile);
+        remember(&mut self.made, requests, plan.clone());
+        Ok(plan)
     }
 
     fn refine(
@@ -235,7 +280,12 @@ impl PlannerPolicy for GreedyPlanner {
         _ctx: &PolicyContext,
     ) -> Result<Option<AliasedPlan>, PolicyError> {
         let requests: Vec<wasmem_plan_core::Request> = profile.requests.iter().map(|r| r.core()).collect();
-        Ok(wasmem_plan_core::aliased(&requests))
+        if let Some(plan) = made_for(&self.made_aliased, &requests) {
+            return Ok(plan.clone());
+        }
+        let plan = wasmem_plan_core::aliased(&requests);
+        remember(&mut self.made_aliased, requests, plan.clone());
+        Ok(plan)
     }
 }
 
@@ -360,5 +410,41 @@ mod tests {
         let lb = peak(&p);
         assert!(plan.planned() as f64 >= 0.99 * f64::from(n), "{} planned", plan.planned());
         assert!(plan.arena_bytes as f64 <= lb as f64 * 1.02, "arena {} for a peak of {lb}", plan.arena_bytes);
+    }
+
+    /// A profile planned lately gets the plan it got then, from memory (no
+    /// search: nothing is remembered anew), plain and aliased alike; a
+    /// profile that differs in a lifetime is planned; the oldest is
+    /// forgotten past `MAX_MADE`.
+    #[test]
+    fn a_profile_planned_lately_gets_the_same_plan_from_memory() {
+        let ctx = PolicyContext::default();
+        let mut g = GreedyPlanner::default();
+        let profile = |last: u32| StepProfile {
+            step: 1,
+            requests: vec![
+                req(4096, Some(2), None),
+                req(8192, Some(3), None),
+                req(4096, Some(last), None),
+                req(2048, None, Some(1)),
+            ],
+        };
+        let first = g.plan(&profile(4), &ctx).unwrap();
+        validate_plan(&profile(4), &first, u64::MAX).unwrap();
+        assert_eq!(g.made.len(), 1);
+        assert_eq!(g.plan(&profile(4), &ctx).unwrap(), first);
+        assert_eq!(g.made.len(), 1, "served from memory");
+        let aliased = g.plan_aliased(&profile(4), &ctx).unwrap();
+        assert_eq!(g.plan_aliased(&profile(4), &ctx).unwrap(), aliased);
+        assert_eq!(g.made_aliased.len(), 1);
+        // Another lifetime: planned, and remembered beside.
+        let other = g.plan(&profile(3), &ctx).unwrap();
+        validate_plan(&profile(3), &other, u64::MAX).unwrap();
+        assert_eq!(g.made.len(), 2);
+        // A third profile: the oldest is forgotten.
+        g.plan(&StepProfile { step: 1, requests: vec![req(512, Some(1), None)] }, &ctx).unwrap();
+        assert_eq!(g.made.len(), MAX_MADE);
+        assert!(made_for(&g.made, &profile(4).requests.iter().map(|r| r.core()).collect::<Vec<_>>()).is_none());
+        assert_eq!(g.plan(&profile(4), &ctx).unwrap(), first, "planned again: the same plan");
     }
 }
