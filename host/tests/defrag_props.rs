@@ -53,13 +53,18 @@ impl ReclamationPolicy for CompactOnPhase {
 }
 
 fn device() -> SimDevice {
+    device_with(false)
+}
+
+/// The test device; with `maps_parts` false, a page per physical
+/// allocation (a device that maps whole allocations only), so that a
+/// trimmed page goes back to the device at once; with it true, a growth's
+/// pages are one allocation (as on CUDA) and trimmed pages of an allocation
+/// in use wait as spares.
+fn device_with(maps_parts: bool) -> SimDevice {
     // Slow copies (1 MB/s) so that stream work keeps events pending for a while.
     let cost = SimCost { copy_gbps: 0.001, ..SimCost::default() };
-    // A page per physical allocation (a device that maps whole allocations
-    // only), so that a trimmed page goes back to the device at once; growths
-    // of several pages in one allocation are tested with
-    // `stitching_allocator`.
-    SimDevice::new(SimConfig { capacity: 96 * MIB, host_backed: true, cost, maps_parts: false, ..SimConfig::default() })
+    SimDevice::new(SimConfig { capacity: 96 * MIB, host_backed: true, cost, maps_parts, ..SimConfig::default() })
 }
 
 /// Paged segments: stitches every growth, trims half of the cache (page by
@@ -105,7 +110,19 @@ fn allocator_with(paged: bool) -> Allocator<SimDevice> {
 type Watched = Vec<(u64, Vec<u8>)>;
 
 fn run(actions: Vec<Action>, paged: bool) {
-    let mut a = allocator_with(paged);
+    run_on(actions, paged, false, false)
+}
+
+/// [`run`] on a device whose growths are one allocation each (`chunks`),
+/// and with `swap`, the reclamation swapped at every phase between the
+/// paged one and one that does not page (spare pages then serve its
+/// segments).
+fn run_on(actions: Vec<Action>, paged: bool, chunks: bool, swap: bool) {
+    let reclamation: Box<dyn ReclamationPolicy> =
+        if paged { Box::new(StitchTrimCompact) } else { Box::new(CompactOnPhase) };
+    let p = Policies { placement: Box::new(PytorchPlacement), reclamation, eviction: Box::new(LruEviction) };
+    let mut a = Allocator::new(device_with(chunks), p);
+    let mut paging = paged;
     let mut live: Vec<Live> = Vec::new();
     let mut watched: Watched = Vec::new();
     let mut seed = 0u64;
@@ -149,7 +166,15 @@ fn run(actions: Vec<Action>, paged: bool) {
                 a.device_mut().copy(addr, addr, l.bytes.min(4096), StreamId(s)).unwrap();
             }
             Action::Advance(us) => a.device_mut().advance(us as f64),
-            Action::Phase(p) => a.phase(Phase::ALL[p], 1).unwrap(),
+            Action::Phase(p) => {
+                a.phase(Phase::ALL[p], 1).unwrap();
+                if swap {
+                    paging = !paging;
+                    let next: Box<dyn ReclamationPolicy> =
+                        if paging { Box::new(StitchTrimCompact) } else { Box::new(CompactOnPhase) };
+                    a.set_reclamation(next);
+                }
+            }
             Action::Compact { large, budget_mib } => {
                 let pinned: Vec<_> =
                     live.iter().filter(|l| a.is_pinned(l.id)).map(|l| (l.id, a.address(l.id).unwrap())).collect();
@@ -199,6 +224,15 @@ proptest! {
     /// on every phase: contents survive every cut and remap.
     #[test]
     fn stitching_and_trimming(actions in prop::collection::vec(action(&mix()), 1..300)) { run(actions, true) }
+
+    /// The same where a growth's pages are one physical allocation (trimmed
+    /// pages of one in use wait as spares), the reclamation swapped at every
+    /// phase between paging and not: spare pages serve the segments of
+    /// both, contents survive.
+    #[test]
+    fn chunks_spares_and_swaps(actions in prop::collection::vec(action(&mix()), 1..300)) {
+        run_on(actions, true, true, true)
+    }
 }
 
 #[test]
