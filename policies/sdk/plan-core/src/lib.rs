@@ -733,9 +733,9 @@ pub fn greedy_by_size(requests: &[Request]) -> Plan {
 fn place(reqs: &[Request], order: &[u32]) -> Plan {
     let n = reqs.len() as u32;
     if reqs.len() <= SCAN_REQUESTS {
-        place_with(reqs, order, Scan(Vec::with_capacity(order.len())))
+        place_with(reqs, order, &mut Scan::default())
     } else {
-        place_with(reqs, order, Placed::new(n, reqs.len()))
+        place_with(reqs, order, &mut Placed::new(n, reqs.len()))
     }
 }
 
@@ -810,13 +810,28 @@ impl Blocks for Placed {
     }
 }
 
-/// The placed blocks in (offset, end) order, each with its intervals (and
-/// how many of them are used): what they overlap is found by a scan, in
-/// the order [`best_fit`] sorts them in.
-struct Scan(Vec<ScanBlock>);
+/// The placed blocks in (offset, end) order, each with its intervals: what
+/// they overlap is found by a scan, in the order [`best_fit`] sorts them
+/// in. Kept in runs of fewer than [`RUN_CAP`] blocks: keeping a block
+/// moves the blocks of one run, not of all.
+#[derive(Default)]
+struct Scan(Vec<Vec<ScanBlock>>);
+
+/// Blocks of a [`Scan`] run after it splits (a full run splits in two).
+const SCAN_RUN: usize = 64;
+
+/// A [`Scan`] run that reaches this many blocks splits.
+const RUN_CAP: usize = 2 * SCAN_RUN;
 
 /// A block of [`Scan`]: offset, end, intervals, how many of them are used.
 type ScanBlock = (u64, u64, [(u32, u32); 2], usize);
+
+impl Scan {
+    /// The blocks, in (offset, end) order.
+    fn blocks(&self) -> impl Iterator<Item = &ScanBlock> {
+        self.0.iter().flatten()
+    }
+}
 
 impl Blocks for Scan {
     fn overlapping(&mut self, iv: &[(u32, u32)], out: &mut Vec<(u64, u64)>) {
@@ -824,14 +839,14 @@ impl Blocks for Scan {
         let meets = |&(a, e): &(u32, u32)| iv.iter().any(|&(b, f)| a < f && b < e);
         if let [(b, f)] = *iv {
             // One interval (most requests): a tight loop.
-            for p in &self.0 {
+            for p in self.blocks() {
                 let (a, e) = p.2[0];
                 if (a < f && b < e) || (p.3 == 2 && meets(&p.2[1])) {
                     out.push((p.0, p.1));
                 }
             }
         } else {
-            out.extend(self.0.iter().filter(|p| p.2[..p.3].iter().any(meets)).map(|p| (p.0, p.1)));
+            out.extend(self.blocks().filter(|p| p.2[..p.3].iter().any(meets)).map(|p| (p.0, p.1)));
         }
     }
 
@@ -842,17 +857,19 @@ impl Blocks for Scan {
         let meets = |&(a, e): &(u32, u32)| iv.iter().any(|&(b, f)| a < f && b < e);
         let mut fit = Fit::default();
         if let [(b, f)] = *iv {
-            for p in &self.0 {
-                let (a, e) = p.2[0];
-                if (a < f && b < e) || (p.3 == 2 && meets(&p.2[1])) {
-                    fit.meet(p.0, p.1, size);
-                    if fit.exact(size) {
-                        break;
+            'scan: for run in &self.0 {
+                for p in run {
+                    let (a, e) = p.2[0];
+                    if (a < f && b < e) || (p.3 == 2 && meets(&p.2[1])) {
+                        fit.meet(p.0, p.1, size);
+                        if fit.exact(size) {
+                            break 'scan;
+                        }
                     }
                 }
             }
         } else {
-            for p in self.0.iter().filter(|p| p.2[..p.3].iter().any(meets)) {
+            for p in self.blocks().filter(|p| p.2[..p.3].iter().any(meets)) {
                 fit.meet(p.0, p.1, size);
                 if fit.exact(size) {
                     break;
@@ -865,13 +882,28 @@ impl Blocks for Scan {
     fn keep(&mut self, _k: u32, iv: &[(u32, u32)], off: u64, end: u64) {
         let mut ivs = [(0, 0); 2];
         ivs[..iv.len()].copy_from_slice(iv);
-        let at = self.0.partition_point(|p| (p.0, p.1) <= (off, end));
-        self.0.insert(at, (off, end, ivs, iv.len()));
+        let key = (off, end);
+        if self.0.is_empty() {
+            self.0.push(Vec::with_capacity(RUN_CAP));
+        }
+        // After every block of its key: the first run that ends above the
+        // key (the runs before hold only lower or equal keys, those after
+        // only higher), else the last.
+        let r = self.0.partition_point(|run| run.last().is_some_and(|p| (p.0, p.1) <= key));
+        let r = r.min(self.0.len() - 1);
+        let run = &mut self.0[r];
+        let at = run.partition_point(|p| (p.0, p.1) <= key);
+        run.insert(at, (off, end, ivs, iv.len()));
+        if run.len() == RUN_CAP {
+            let mut tail = Vec::with_capacity(RUN_CAP);
+            tail.extend(run.drain(SCAN_RUN..));
+            self.0.insert(r + 1, tail);
+        }
     }
 }
 
 /// [`place`] with the placed blocks kept in `blocks`.
-fn place_with(reqs: &[Request], order: &[u32], mut blocks: impl Blocks) -> Plan {
+fn place_with(reqs: &[Request], order: &[u32], blocks: &mut impl Blocks) -> Plan {
     let n = reqs.len() as u32;
     let mut offsets = vec![None; reqs.len()];
     let mut arena = 0u64;
@@ -903,14 +935,14 @@ fn place_with(reqs: &[Request], order: &[u32], mut blocks: impl Blocks) -> Plan 
 pub fn place_hinted(reqs: &[Request], order: &[(u32, Option<u64>)]) -> Plan {
     let n = reqs.len() as u32;
     if reqs.len() <= SCAN_REQUESTS {
-        place_hinted_with(reqs, order, Scan(Vec::with_capacity(order.len())))
+        place_hinted_with(reqs, order, &mut Scan::default())
     } else {
-        place_hinted_with(reqs, order, Placed::new(n, reqs.len()))
+        place_hinted_with(reqs, order, &mut Placed::new(n, reqs.len()))
     }
 }
 
 /// [`place_hinted`] with the placed blocks kept in `blocks`.
-fn place_hinted_with(reqs: &[Request], order: &[(u32, Option<u64>)], mut blocks: impl Blocks) -> Plan {
+fn place_hinted_with(reqs: &[Request], order: &[(u32, Option<u64>)], blocks: &mut impl Blocks) -> Plan {
     let n = reqs.len() as u32;
     let mut offsets = vec![None; reqs.len()];
     let mut arena = 0u64;
@@ -1164,8 +1196,59 @@ mod tests {
             assert!(bound <= cost(&longer) && cost(&longer) <= cost(&t), "{reqs:?}");
             // Both ways of finding the overlapping blocks place alike.
             let order: Vec<u32> = (0..n).filter(|&k| reqs[k as usize].plannable(k)).rev().collect();
-            let tree = place_with(&reqs, &order, Placed::new(n, reqs.len()));
-            assert_eq!(place_with(&reqs, &order, Scan(Vec::new())), tree);
+            let tree = place_with(&reqs, &order, &mut Placed::new(n, reqs.len()));
+            assert_eq!(place_with(&reqs, &order, &mut Scan::default()), tree);
+        }
+    }
+
+    #[test]
+    fn the_scan_in_runs_places_as_the_segment_tree_in_long_steps() {
+        // Steps of hundreds of requests (the scan's runs split many times),
+        // with wraps and many blocks of one offset and end (short-lived
+        // requests of a few sizes stack at the same places).
+        let mut next = xorshift(0x0bad_5eed_1234_5678);
+        for _ in 0..12 {
+            let n = 200 + next(1200) as u32;
+            let reqs: Vec<Request> = (0..n)
+                .map(|k| match next(6) {
+                    0 => req(1 + next(1 << 20), None, Some(next(u64::from(k) + 1) as u32)),
+                    1 => req(512 << next(4), Some(k + 1 + next(3) as u32), None),
+                    _ => req(1 + next(1 << 20), Some(k + 1 + next(64) as u32), None),
+                })
+                .collect();
+            let mut order: Vec<u32> = (0..n).filter(|&k| reqs[k as usize].plannable(k)).collect();
+            for round in 0..3 {
+                match round {
+                    0 => order.reverse(),
+                    1 => order.sort_unstable_by_key(|&k| (core::cmp::Reverse(reqs[k as usize].planned_bytes()), k)),
+                    _ => {
+                        let keys: Vec<u64> = (0..n).map(|_| next(1 << 30)).collect();
+                        order.sort_unstable_by_key(|&k| (keys[k as usize], k));
+                    }
+                }
+                let tree = place_with(&reqs, &order, &mut Placed::new(n, reqs.len()));
+                let mut scan = Scan::default();
+                assert_eq!(place_with(&reqs, &order, &mut scan), tree);
+                assert!(scan.0.len() > 2 && scan.0.iter().all(|run| !run.is_empty() && run.len() < RUN_CAP));
+                let keys: Vec<(u64, u64)> = scan.blocks().map(|p| (p.0, p.1)).collect();
+                assert!(keys.is_sorted());
+                // Both find the same overlapping blocks.
+                let mut placed = Placed::new(n, reqs.len());
+                for &k in &order {
+                    let (iv, m) = reqs[k as usize].intervals(k, n);
+                    let off = tree.offsets[k as usize].unwrap();
+                    placed.keep(k, &iv[..m], off, off + reqs[k as usize].planned_bytes());
+                }
+                for k in 0..n {
+                    let (iv, m) = reqs[k as usize].intervals(k, n);
+                    let (mut a, mut b) = (Vec::new(), Vec::new());
+                    scan.overlapping(&iv[..m], &mut a);
+                    placed.overlapping(&iv[..m], &mut b);
+                    a.sort_unstable();
+                    b.sort_unstable();
+                    assert_eq!(a, b);
+                }
+            }
         }
     }
 
