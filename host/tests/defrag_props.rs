@@ -511,6 +511,87 @@ fn a_growth_is_one_device_allocation_and_its_trimmed_pages_wait_as_spares() {
     assert_eq!(a.device().counters().used_bytes, 0, "every page and reservation went back");
 }
 
+/// A parameter's small growth is one device allocation of up to 20 MiB (at
+/// most half the bytes reserved, PyTorch's segment for requests of 1–10
+/// MiB): the next parameters take its spare pages without a device call,
+/// and the activations after them take what is left before the device is
+/// asked, so the peak holds no spare page. Activations alone grow by their
+/// own pages, a call each. Contents survive every step.
+#[test]
+fn parameters_grow_in_shared_allocations_whose_spare_pages_the_next_growths_take() {
+    let run = |kind: TensorKind| {
+        let mut a = stitching_allocator(512 * MIB);
+        let mut ids = vec![a.alloc(16 * MIB, kind, StreamId(0)).unwrap()];
+        ids.extend((0..8).map(|_| a.alloc(4 * MIB, kind, StreamId(0)).unwrap()));
+        (a, ids)
+    };
+    let (control, _) = run(TensorKind::Activation);
+    assert_eq!(control.stats().device_alloc_calls, 9, "a call per growth");
+    assert_eq!(control.gauges().reserved_bytes, 48 * MIB);
+    let (mut a, mut ids) = run(TensorKind::Param);
+    // 16 MiB: nothing reserved before, no slack. The first 4 MiB: two
+    // pages and 4 spare (half of 16 MiB), taken by the next two; the
+    // fourth: two and 7 spare (half of 28 MiB), taken by the next three
+    // and half of the eighth, whose other page comes with 9 spare (ten
+    // pages in all).
+    assert_eq!(a.stats().device_alloc_calls, 4);
+    assert_eq!(a.gauges().reserved_bytes, (48 + 18) * MIB, "the live bytes and 9 spare pages");
+    let calls = a.stats().device_alloc_calls;
+    // Activations take the spare pages first (four of 4 MiB), then grow:
+    // the fifth takes the last spare page and one from the device.
+    for i in 0..4 {
+        ids.push(a.alloc(4 * MIB, TensorKind::Activation, StreamId(0)).unwrap());
+        assert_eq!(a.stats().device_alloc_calls, calls, "activation {i}: spare pages, no device call");
+        assert_eq!(a.gauges().reserved_bytes, 66 * MIB);
+    }
+    ids.push(a.alloc(4 * MIB, TensorKind::Activation, StreamId(0)).unwrap());
+    assert_eq!(a.stats().device_alloc_calls, calls + 1);
+    assert_eq!(a.gauges().reserved_bytes, 68 * MIB, "no spare page left at the peak");
+    assert_eq!(a.gauges().peak_reserved_bytes, 68 * MIB);
+    for (i, &id) in ids.iter().enumerate() {
+        a.write(id, 0, &pattern(i as u64, 0, 4096)).unwrap();
+    }
+    a.check_invariants().unwrap();
+    a.device().check_invariants().unwrap();
+    for (i, &id) in ids.iter().enumerate() {
+        let mut got = vec![0u8; 4096];
+        a.read(id, 0, &mut got).unwrap();
+        assert_eq!(got, pattern(i as u64, 0, 4096), "tensor {i}");
+        a.free(id).unwrap();
+    }
+    a.release_cached(&ReclaimDecision::all()).unwrap();
+    assert_eq!((a.gauges().reserved_bytes, a.device().counters().used_bytes), (0, 0));
+    assert_eq!(a.stats().device_free_calls, a.stats().device_alloc_calls, "every allocation went back whole");
+}
+
+/// A parameter's larger growth that the device cannot hold is made at its
+/// own size (no OOM), and a device that maps whole allocations only gets
+/// no slack (a page at a time, as before).
+#[test]
+fn a_parameter_growth_too_large_for_the_device_is_made_exact() {
+    let mut a = stitching_allocator(24 * MIB);
+    a.alloc(16 * MIB, TensorKind::Param, StreamId(0)).unwrap();
+    // Two pages and four spare would take 28 MiB of 24.
+    let p = a.alloc(4 * MIB, TensorKind::Param, StreamId(0)).unwrap();
+    a.write(p, 0, &pattern(3, 0, 4096)).unwrap();
+    assert_eq!((a.stats().ooms, a.gauges().reserved_bytes), (0, 20 * MIB));
+    assert_eq!(a.stats().device_alloc_calls, 2);
+    a.check_invariants().unwrap();
+    a.device().check_invariants().unwrap();
+    let p = Policies {
+        placement: Box::new(PytorchPlacement),
+        reclamation: Box::new(StitchTrimCompact),
+        eviction: Box::new(LruEviction),
+    };
+    let dev =
+        SimDevice::new(SimConfig { capacity: 96 * MIB, host_backed: true, maps_parts: false, ..SimConfig::default() });
+    let mut a = Allocator::new(dev, p);
+    a.alloc(16 * MIB, TensorKind::Param, StreamId(0)).unwrap();
+    a.alloc(4 * MIB, TensorKind::Param, StreamId(0)).unwrap();
+    assert_eq!(a.gauges().reserved_bytes, 20 * MIB, "no spare page");
+    assert_eq!(a.stats().device_alloc_calls, 10, "a page at a time");
+}
+
 /// The built-in `defrag` set stitches and never synchronizes the device.
 #[test]
 fn builtin_defrag_stitches_without_syncs() {

@@ -113,7 +113,7 @@ impl<D: Device> Allocator<D> {
         let mut mapped = segment;
         if page > 0 {
             let (extra, first) = self.mapped_now(g, segment, page);
-            if let Some(block) = self.extend_tail(g.pool, req.stream, g.rounded, extra, segment / page, false)? {
+            if let Some(block) = self.extend_tail(g, extra, segment / page, false)? {
                 return Ok(block);
             }
             mapped = first;
@@ -176,14 +176,12 @@ impl<D: Device> Allocator<D> {
         let mut mapped = segment;
         if page > 0 {
             let (extra, first) = self.mapped_now(g, segment, page);
-            if let Some(block) =
-                self.extend_tail(g.pool, g.req.stream, g.rounded, extra, segment.div_ceil(page), true)?
-            {
+            if let Some(block) = self.extend_tail(g, extra, segment.div_ceil(page), true)? {
                 return Ok(Some(block));
             }
             mapped = first;
         }
-        Ok(self.stitch(g.pool, g.req.stream, mapped)?.map(|(block, _)| block))
+        Ok(self.stitch(g.pool, &g.req, mapped)?.map(|(block, _)| block))
     }
 
     /// How much of the policy's paged segment of `segment` bytes (a
@@ -218,7 +216,7 @@ impl<D: Device> Allocator<D> {
     #[inline]
     fn new_segment(&mut self, pool: u32, bytes: u64, page: u64, req: &AllocRequest) -> Result<u32, AllocError> {
         let (base, paged) = if page > 0 {
-            let (va, p) = self.alloc_paged_segment(bytes, page)?;
+            let (va, p) = self.alloc_paged_segment(bytes, page, req.kind)?;
             (va, Some(p))
         } else {
             (self.device.alloc_segment(bytes)?, None)

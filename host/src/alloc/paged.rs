@@ -67,10 +67,12 @@
 //!
 //! [`ReclamationPolicy::paged_segments`]: crate::decision::ReclamationPolicy::paged_segments
 
+use super::grow::Growth;
 use super::slab::{Block, Segment, NIL};
 use super::{ActionKind, AllocError, Allocator};
+use crate::decision::AllocRequest;
 use crate::device::{Device, DeviceError, DevicePtr, PhysHandle};
-use crate::types::StreamId;
+use crate::types::{StreamId, TensorKind};
 
 /// One page of paged memory: a granule of a physical allocation (a
 /// *chunk*, made for one growth: one device call for all its pages) from
@@ -107,6 +109,11 @@ pub(crate) struct PagedSeg {
 }
 
 /// The paging part of the allocator: the pages of paged segments and the
+/// A parameter's growth of fewer pages than this gets a chunk of up to this
+/// many ([`Allocator::create_growth_pages`]): 20 MiB of 2 MiB pages,
+/// PyTorch's segment for requests of 1–10 MiB.
+pub(crate) const GROWTH_PAGES: u64 = 10;
+
 /// virtual reservations they lie in.
 #[derive(Debug, Default)]
 pub(crate) struct Paging {
@@ -261,6 +268,48 @@ impl<D: Device> Allocator<D> {
     /// the pages where it puts them). On failure nothing changes and the
     /// device's error is returned.
     pub(super) fn create_pages(&mut self, pages: u64, page: u64) -> Result<Vec<Page>, DeviceError> {
+        self.create_pages_with(pages, 0, page)
+    }
+
+    /// [`Allocator::create_pages`] for a growth of the dynamic path for a
+    /// tensor of `kind`. A parameter's fresh chunk of fewer than
+    /// [`GROWTH_PAGES`] pages is made larger, up to that many but by at most
+    /// half the bytes reserved, while no plan is in use: its pages beyond
+    /// `pages` wait spare for the next growths, as a PyTorch segment of
+    /// 20 MiB serves several requests of 1–10 MiB with one `cudaMalloc`.
+    /// Parameters are allocated as a model loads, before a training step
+    /// reaches its peak: the next growths (the other parameters, then
+    /// gradients and activations) take those pages first, so the peak
+    /// holds none of them (slack for other kinds left the peak of small
+    /// trainings holding it: see docs/measurements.md). When the larger
+    /// chunk does not fit, the exact one is made.
+    pub(super) fn create_growth_pages(
+        &mut self,
+        pages: u64,
+        page: u64,
+        kind: TensorKind,
+    ) -> Result<Vec<Page>, DeviceError> {
+        let fresh = pages.saturating_sub(self.paging.spare_pages);
+        let planned = self.planning.as_ref().is_some_and(|p| p.plans_in_use());
+        let slack = match kind {
+            TensorKind::Param if fresh > 0 && !planned && self.device.maps_parts() => {
+                let room = self.stats.bytes.reserved_bytes / 2 / page.max(1);
+                GROWTH_PAGES.saturating_sub(fresh).min(room)
+            }
+            _ => 0,
+        };
+        if slack > 0 {
+            match self.create_pages_with(pages, slack, page) {
+                Err(DeviceError::OutOfMemory { .. }) => {}
+                made => return made,
+            }
+        }
+        self.create_pages_with(pages, 0, page)
+    }
+
+    /// [`Allocator::create_pages`] with `extra` more pages in the fresh
+    /// chunk (when one chunk is made), left spare: counted reserved.
+    fn create_pages_with(&mut self, pages: u64, extra: u64, page: u64) -> Result<Vec<Page>, DeviceError> {
         let mut out = Vec::with_capacity(pages as usize);
         if self.paging.spare_pages > 0 {
             for (&h, c) in self.paging.chunks.iter_mut() {
@@ -280,12 +329,16 @@ impl<D: Device> Allocator<D> {
         // its pages is in use), or a page at a time.
         let cap = if self.device.maps_parts() { rest.max(1) } else { 1 };
         let chunks: Vec<u64> = (0..rest.div_ceil(cap)).map(|k| cap.min(rest - k * cap)).collect();
+        let extra = if chunks.len() == 1 { extra } else { 0 };
         let taken = out.len();
         for n in chunks {
-            match self.device.create_physical(n * page) {
+            match self.device.create_physical((n + extra) * page) {
                 Ok(h) => {
                     self.stats.device_alloc_calls += 1;
-                    self.paging.chunks.insert(h.0, Chunk { pages: n, spare: Vec::new() });
+                    // The extra pages are spare at once (the lowest taken first).
+                    let spare: Vec<u64> = (n..n + extra).rev().map(|i| i * page).collect();
+                    self.paging.chunks.insert(h.0, Chunk { pages: n + extra, spare });
+                    self.paging.spare_pages += extra;
                     out.extend((0..n).map(|i| Page { chunk: h, off: i * page }));
                 }
                 Err(e) => {
@@ -297,6 +350,9 @@ impl<D: Device> Allocator<D> {
                     return Err(e);
                 }
             }
+        }
+        if extra > 0 && rest > 0 {
+            self.settle_spare();
         }
         Ok(out)
     }
@@ -385,10 +441,16 @@ impl<D: Device> Allocator<D> {
         Ok(())
     }
 
-    /// Allocates a paged segment of `bytes` (a multiple of `page`): returns
-    /// its base. The device's error (e.g. out of memory) leaves nothing behind.
-    pub(super) fn alloc_paged_segment(&mut self, bytes: u64, page: u64) -> Result<(DevicePtr, PagedSeg), DeviceError> {
-        let pages = self.create_pages(bytes / page, page)?;
+    /// Allocates a paged segment of `bytes` (a multiple of `page`) for a
+    /// tensor of `kind`: returns its base. The device's error (e.g. out of
+    /// memory) leaves nothing behind.
+    pub(super) fn alloc_paged_segment(
+        &mut self,
+        bytes: u64,
+        page: u64,
+        kind: TensorKind,
+    ) -> Result<(DevicePtr, PagedSeg), DeviceError> {
+        let pages = self.create_growth_pages(bytes / page, page, kind)?;
         let room = self.room_for_extension(page);
         match self.map_pages(&pages, page, room) {
             Ok(va) => {
@@ -632,9 +694,10 @@ impl<D: Device> Allocator<D> {
     pub(super) fn stitch(
         &mut self,
         pool: u32,
-        stream: StreamId,
+        req: &AllocRequest,
         segment_bytes: u64,
     ) -> Result<Option<(u32, u64)>, AllocError> {
+        let stream = req.stream;
         let page = self.device.granularity();
         if page == 0 || self.paging.segs.is_empty() {
             return Ok(None);
@@ -644,7 +707,7 @@ impl<D: Device> Allocator<D> {
         if have == 0 {
             return Ok(None);
         }
-        let fresh = match self.create_pages(need - have, page) {
+        let fresh = match self.create_growth_pages(need - have, page, req.kind) {
             Ok(f) => f,
             Err(DeviceError::OutOfMemory { .. }) => return Ok(None),
             Err(e) => return Err(e.into()),
@@ -717,13 +780,12 @@ impl<D: Device> Allocator<D> {
     /// pages (out of memory) changes nothing.
     pub(super) fn extend_tail(
         &mut self,
-        pool: u32,
-        stream: StreamId,
-        rounded: u64,
+        g: &Growth,
         extra: u64,
         whole: u64,
         stitch: bool,
     ) -> Result<Option<u32>, AllocError> {
+        let (pool, stream, rounded) = (g.pool, g.req.stream, g.rounded);
         let page = self.device.granularity();
         if page == 0 || self.paging.segs.is_empty() || self.planning.as_ref().is_some_and(|p| p.plans_in_use()) {
             return Ok(None);
@@ -735,7 +797,7 @@ impl<D: Device> Allocator<D> {
         if stitch && have == 0 {
             return Ok(None);
         }
-        let fresh = match self.create_pages(need - have, page) {
+        let fresh = match self.create_growth_pages(need - have, page, g.req.kind) {
             Ok(f) => f,
             Err(DeviceError::OutOfMemory { .. }) => return Ok(None),
             Err(e) => return Err(e.into()),
