@@ -214,7 +214,13 @@ def train(args):
     torch.backends.cudnn.benchmark = False
     dev = torch.device("cuda", 0)
     model, batch = build(torch, args)
-    model = model.to(dev)
+    if wt is not None:
+        # Parameters are `param` from their first byte: their small growths
+        # share device allocations, as PyTorch's 20 MiB segments do.
+        with wt.kind("param"):
+            model = model.to(dev)
+    else:
+        model = model.to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     params = sum(p.numel() for p in model.parameters())
     if wt is not None and not args.no_track:
