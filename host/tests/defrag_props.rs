@@ -519,14 +519,19 @@ fn a_growth_is_one_device_allocation_and_its_trimmed_pages_wait_as_spares() {
 /// own pages, a call each. Contents survive every step.
 #[test]
 fn parameters_grow_in_shared_allocations_whose_spare_pages_the_next_growths_take() {
+    // A tensor freed first: the run is past loading, only parameters get slack.
     let run = |kind: TensorKind| {
         let mut a = stitching_allocator(512 * MIB);
+        let t = a.alloc(512, TensorKind::Temp, StreamId(0)).unwrap();
+        a.free(t).unwrap();
+        a.release_cached(&ReclaimDecision::all()).unwrap();
+        assert_eq!((a.stats().device_alloc_calls, a.gauges().reserved_bytes), (1, 0));
         let mut ids = vec![a.alloc(16 * MIB, kind, StreamId(0)).unwrap()];
         ids.extend((0..8).map(|_| a.alloc(4 * MIB, kind, StreamId(0)).unwrap()));
         (a, ids)
     };
     let (control, _) = run(TensorKind::Activation);
-    assert_eq!(control.stats().device_alloc_calls, 9, "a call per growth");
+    assert_eq!(control.stats().device_alloc_calls, 1 + 9, "a call per growth");
     assert_eq!(control.gauges().reserved_bytes, 48 * MIB);
     let (mut a, mut ids) = run(TensorKind::Param);
     // 16 MiB: nothing reserved before, no slack. The first 4 MiB: two
@@ -534,7 +539,7 @@ fn parameters_grow_in_shared_allocations_whose_spare_pages_the_next_growths_take
     // fourth: two and 7 spare (half of 28 MiB), taken by the next three
     // and half of the eighth, whose other page comes with 9 spare (ten
     // pages in all).
-    assert_eq!(a.stats().device_alloc_calls, 4);
+    assert_eq!(a.stats().device_alloc_calls, 1 + 4);
     assert_eq!(a.gauges().reserved_bytes, (48 + 18) * MIB, "the live bytes and 9 spare pages");
     let calls = a.stats().device_alloc_calls;
     // Activations take the spare pages first (four of 4 MiB), then grow:
@@ -562,6 +567,37 @@ fn parameters_grow_in_shared_allocations_whose_spare_pages_the_next_growths_take
     a.release_cached(&ReclaimDecision::all()).unwrap();
     assert_eq!((a.gauges().reserved_bytes, a.device().counters().used_bytes), (0, 0));
     assert_eq!(a.stats().device_free_calls, a.stats().device_alloc_calls, "every allocation went back whole");
+}
+
+/// Before the run's first free every growth loads (a snapshot's tensors
+/// older than its window, a model's buffers): a small one takes a chunk of
+/// up to 20 MiB, by at most an eighth of the bytes reserved; after it,
+/// only parameters do.
+#[test]
+fn growths_before_the_first_free_share_allocations_too() {
+    let mut a = stitching_allocator(512 * MIB);
+    let mut ids = vec![a.alloc(64 * MIB, TensorKind::Other, StreamId(0)).unwrap()];
+    assert_eq!((a.stats().device_alloc_calls, a.gauges().reserved_bytes), (1, 64 * MIB), "32 pages: no slack");
+    // Two pages and 4 spare (an eighth of 64 MiB), taken by the next two.
+    for i in 0..3 {
+        ids.push(a.alloc(4 * MIB, TensorKind::Other, StreamId(0)).unwrap());
+        assert_eq!((a.stats().device_alloc_calls, a.gauges().reserved_bytes), (2, 76 * MIB), "tensor {i}");
+    }
+    a.free(ids.pop().unwrap()).unwrap();
+    ids.push(a.alloc(4 * MIB, TensorKind::Other, StreamId(0)).unwrap());
+    assert_eq!(a.stats().device_alloc_calls, 2, "the freed block again");
+    ids.push(a.alloc(4 * MIB, TensorKind::Other, StreamId(0)).unwrap());
+    assert_eq!((a.stats().device_alloc_calls, a.gauges().reserved_bytes), (3, 80 * MIB), "past loading: its own pages");
+    for (i, &id) in ids.iter().enumerate() {
+        a.write(id, 0, &pattern(i as u64, 0, 4096)).unwrap();
+    }
+    a.check_invariants().unwrap();
+    a.device().check_invariants().unwrap();
+    for (i, &id) in ids.iter().enumerate() {
+        let mut got = vec![0u8; 4096];
+        a.read(id, 0, &mut got).unwrap();
+        assert_eq!(got, pattern(i as u64, 0, 4096), "tensor {i}");
+    }
 }
 
 /// A parameter's larger growth that the device cannot hold is made at its

@@ -109,10 +109,19 @@ pub(crate) struct PagedSeg {
 }
 
 /// The paging part of the allocator: the pages of paged segments and the
-/// A parameter's growth of fewer pages than this gets a chunk of up to this
+/// A loading growth of fewer pages than this gets a chunk of up to this
 /// many ([`Allocator::create_growth_pages`]): 20 MiB of 2 MiB pages,
 /// PyTorch's segment for requests of 1–10 MiB.
 pub(crate) const GROWTH_PAGES: u64 = 10;
+
+/// A parameter's growth takes at most the bytes reserved over this in
+/// extra pages ([`Allocator::create_growth_pages`]).
+pub(crate) const PARAM_SLACK: u64 = 2;
+
+/// A growth of no known kind ([`TensorKind::Other`]) before the run's first
+/// free takes at most the bytes reserved over this in extra pages
+/// ([`Allocator::create_growth_pages`]).
+pub(crate) const LOADING_SLACK: u64 = 8;
 
 /// virtual reservations they lie in.
 #[derive(Debug, Default)]
@@ -272,17 +281,19 @@ impl<D: Device> Allocator<D> {
     }
 
     /// [`Allocator::create_pages`] for a growth of the dynamic path for a
-    /// tensor of `kind`. A parameter's fresh chunk of fewer than
-    /// [`GROWTH_PAGES`] pages is made larger, up to that many but by at most
-    /// half the bytes reserved, while no plan is in use: its pages beyond
-    /// `pages` wait spare for the next growths, as a PyTorch segment of
-    /// 20 MiB serves several requests of 1–10 MiB with one `cudaMalloc`.
-    /// Parameters are allocated as a model loads, before a training step
-    /// reaches its peak: the next growths (the other parameters, then
-    /// gradients and activations) take those pages first, so the peak
-    /// holds none of them (slack for other kinds left the peak of small
-    /// trainings holding it: see docs/measurements.md). When the larger
-    /// chunk does not fit, the exact one is made.
+    /// tensor of `kind`. While no plan is in use, the fresh chunk of such a
+    /// growth of fewer than [`GROWTH_PAGES`] pages is made larger, up to
+    /// that many, when the growth loads rather than works: a parameter's
+    /// (by at most half the bytes reserved), or one of no known kind before
+    /// the run's first free (by at most an eighth: a snapshot's tensors
+    /// older than its window). Its pages beyond `pages` wait spare for
+    /// the next growths, as a PyTorch segment of 20 MiB serves several
+    /// requests of 1–10 MiB with one `cudaMalloc`. Loading comes before a
+    /// training step reaches its peak: the growths after it (gradients,
+    /// activations) take those pages first, so the peak holds none of them
+    /// (slack for every growth left the peaks of small trainings holding
+    /// it: see docs/measurements.md). When the larger chunk does not fit,
+    /// the exact one is made.
     pub(super) fn create_growth_pages(
         &mut self,
         pages: u64,
@@ -291,13 +302,16 @@ impl<D: Device> Allocator<D> {
     ) -> Result<Vec<Page>, DeviceError> {
         let fresh = pages.saturating_sub(self.paging.spare_pages);
         let planned = self.planning.as_ref().is_some_and(|p| p.plans_in_use());
-        let slack = match kind {
-            TensorKind::Param if fresh > 0 && !planned && self.device.maps_parts() => {
-                let room = self.stats.bytes.reserved_bytes / 2 / page.max(1);
-                GROWTH_PAGES.saturating_sub(fresh).min(room)
-            }
-            _ => 0,
+        let share = match kind {
+            _ if fresh == 0 || planned || !self.device.maps_parts() => None,
+            TensorKind::Param => Some(PARAM_SLACK),
+            TensorKind::Other if self.stats.frees == 0 => Some(LOADING_SLACK),
+            _ => None,
         };
+        let slack = share.map_or(0, |d| {
+            let room = self.stats.bytes.reserved_bytes / d / page.max(1);
+            GROWTH_PAGES.saturating_sub(fresh).min(room)
+        });
         if slack > 0 {
             match self.create_pages_with(pages, slack, page) {
                 Err(DeviceError::OutOfMemory { .. }) => {}
