@@ -70,8 +70,10 @@ pub enum Command {
     /// offline bound of planned placement, like `belady` for eviction): the
     /// smallest arena the planner finds, against the peak of live bytes —
     /// its plan of the whole trace, of what lies above the tensors that never
-    /// leave, or of each step (`step_end` markers) composed, whichever is
-    /// smallest (`composition` in the report).
+    /// leave, of each step (`step_end` markers) composed, of a repeating
+    /// window of steps as a cycle, or of each step placed on its own in
+    /// alternate aliased windows (steps that keep their output into the
+    /// next), whichever is smallest (`composition` in the report).
     Plan {
         /// Trace files (trace v1 `.jsonl` or `.jsonl.gz`) or PyTorch memory
         /// snapshots (`.pickle`); `-` reads standard input.
