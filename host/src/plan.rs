@@ -107,8 +107,10 @@ pub enum Composition {
     /// aliased arena (one memory at two virtual windows, as online plans of
     /// a loop that keeps its output are): the physical memory it needs.
     AliasedCycle,
-    /// Each step placed on its own in one of two aliased windows, in turn
-    /// (see [`aliased_steps`]): the physical memory it needs.
+    /// Each step (or each forward pass, in a workload whose steps
+    /// accumulate gradients over several) placed on its own in one of two
+    /// aliased windows, in turn (see [`aliased_steps`]): the physical
+    /// memory it needs.
     AliasedSteps,
 }
 
@@ -170,8 +172,9 @@ pub fn plan_offline(w: &Workload, planner: &mut dyn PlannerPolicy) -> Result<Off
     let mut requests: Vec<PlanRequest> = Vec::new();
     let mut live: FxHashMap<u64, u32> = FxHashMap::default();
     let (mut live_bytes, mut peak_live) = (0u64, 0u64);
-    // The requests made before each `step_end`.
-    let mut cuts: Vec<u32> = Vec::new();
+    // The requests made before each `step_end`, and before each forward
+    // pass (the micro-batches of a step that accumulates gradients).
+    let (mut cuts, mut passes): (Vec<u32>, Vec<u32>) = (Vec::new(), Vec::new());
     let at = |i: u64| w.locate(i).unwrap_or_else(|| format!("{} event {}", w.name(), i + 1));
     for (i, ev) in w.events()?.enumerate() {
         let i = i as u64;
@@ -197,6 +200,7 @@ pub fn plan_offline(w: &Workload, planner: &mut dyn PlannerPolicy) -> Result<Off
                 live_bytes -= r.bytes;
             }
             Event::Phase { phase: Phase::StepEnd, .. } => cuts.push(requests.len() as u32),
+            Event::Phase { phase: Phase::Forward, .. } => passes.push(requests.len() as u32),
             _ => {}
         }
     }
@@ -234,9 +238,11 @@ pub fn plan_offline(w: &Workload, planner: &mut dyn PlannerPolicy) -> Result<Off
             (arena, composition) = (a, how);
         }
     }
-    if arena > lower_bound && windows.len() > 1 {
-        if let Some(a) = aliased_steps(&profile.requests, &windows, lower_bound).filter(|&a| a < arena) {
-            (arena, composition) = (a, Composition::AliasedSteps);
+    for cut in aliased_cuts(n, &cuts, &passes) {
+        if arena > lower_bound {
+            if let Some(a) = aliased_steps(&profile.requests, &cut, lower_bound).filter(|&a| a < arena) {
+                (arena, composition) = (a, Composition::AliasedSteps);
+            }
         }
     }
     let plan_seconds = t0.elapsed().as_secs_f64();
@@ -254,6 +260,21 @@ pub fn plan_offline(w: &Workload, planner: &mut dyn PlannerPolicy) -> Result<Off
         steps: cuts.len() as u64,
         offline_bound: true,
     })
+}
+
+/// The windows [`aliased_steps`] places a workload of `n` requests in: its
+/// steps (cut after the request counts `cuts`), then, when they cut it
+/// otherwise, its forward passes (cut before the counts `passes`: a step of
+/// several micro-batches keeps each one's output into the next); only cuts
+/// into two windows or more.
+fn aliased_cuts(n: u32, cuts: &[u32], passes: &[u32]) -> Vec<Vec<(u32, u32)>> {
+    let (by_step, by_pass) = (steps(n, cuts), steps(n, passes));
+    let mut out = vec![by_step];
+    if by_pass != out[0] {
+        out.push(by_pass);
+    }
+    out.retain(|w| w.len() > 1);
+    out
 }
 
 /// Whether request `k` of a whole workload's `requests` belongs to its
@@ -1333,6 +1354,19 @@ mod tests {
         let plain = Workload::from_events("plain", kept_output_loop(1));
         let (profile, windows, bound) = stepped_by_markers(&plain);
         assert!(aliased_steps(&profile.requests, &windows, bound).is_none());
+    }
+
+    #[test]
+    fn aliased_steps_are_cut_at_the_steps_then_at_the_forward_passes() {
+        // Two steps of two micro-batches each (forward markers at 0, 5, 10,
+        // 15), 20 requests.
+        let cuts = [10, 20];
+        let passes = [0, 5, 10, 15];
+        assert_eq!(aliased_cuts(20, &cuts, &passes), vec![vec![(0, 10), (10, 20)], steps(20, &[5, 10, 15])]);
+        // One pass a step: the steps only; no marker, or one window: none.
+        assert_eq!(aliased_cuts(20, &cuts, &[0, 10]), vec![vec![(0, 10), (10, 20)]]);
+        assert!(aliased_cuts(20, &[], &[]).is_empty());
+        assert_eq!(aliased_cuts(20, &[], &passes), vec![steps(20, &[5, 10, 15])]);
     }
 
     /// The whole of `w`, its steps as its `step_end` markers cut them, and its live bound.

@@ -31,8 +31,12 @@
 //! their own next instance (they must lie wholly in one zone) first, then
 //! the others, each in decreasing size (longer lifetimes first among
 //! equals, then by index), in the smallest gap — among the ranges its main
-//! part and wrap part must avoid — that holds it. Arenas and zones are
-//! whole pages ([`PAGE`]: physical memory is mapped in whole allocations).
+//! part and wrap part must avoid — that holds it. While that leaves a pair
+//! out or needs more than the live bound, three more orders of the others
+//! are tried (those live at the peak first; the longest-lived first; those
+//! that live to the step's end first), and the cheapest plan is kept (the
+//! first on a tie). Arenas and zones are whole pages ([`PAGE`]: physical
+//! memory is mapped in whole allocations).
 
 use alloc::vec;
 use alloc::vec::Vec;
@@ -145,10 +149,12 @@ fn items(reqs: &[Request]) -> Option<Vec<Item>> {
 /// or `None` when its halves are not alike, its work (the sum of the
 /// planned lifetimes, in requests) exceeds [`GREEDY_WORK`], or nothing
 /// lives into the next step past its own next instance (a plain plan does
-/// as well then). The arena is the live bound rounded up to [`PAGE`], or
-/// the first of two larger ones (1/1024 and 1/256 more) with which no pair
-/// is left out; the zones hold the requests that must lie in them, rounded
-/// up to [`PAGE`]. A pair that fits nowhere is left to the dynamic path.
+/// as well then). In each order (see the module documentation), the arena
+/// is the live bound rounded up to [`PAGE`], or the first of two larger
+/// ones (1/1024 and 1/256 more) with which no pair is left out; the plan
+/// that costs least (its arena plus the bytes it leaves) wins. The zones
+/// hold the requests that must lie in them, rounded up to [`PAGE`]. A pair
+/// that fits nowhere is left to the dynamic path.
 pub fn aliased(reqs: &[Request]) -> Option<AliasedPlan> {
     if reqs.len() > MAX_REQUESTS {
         return None;
@@ -163,18 +169,89 @@ pub fn aliased(reqs: &[Request]) -> Option<AliasedPlan> {
     let bound = live_bound(reqs);
     let zone = crossing.div_ceil(PAGE).saturating_mul(PAGE);
     let mut best: Option<(u64, AliasedPlan)> = None;
-    for extra in [0, bound >> 10, bound >> 8] {
-        let arena = bound.saturating_add(extra).div_ceil(PAGE).saturating_mul(PAGE).max(2 * zone);
-        let (plan, left) = place(reqs.len(), &items, arena, zone);
-        let cost = arena.saturating_add(left);
-        if best.as_ref().is_none_or(|(c, _)| cost < *c) {
-            best = Some((cost, plan));
-        }
-        if left == 0 {
-            break;
+    for order in ORDERS {
+        let order = sorted(&items, (reqs.len() / 2) as u32, order);
+        for extra in [0, bound >> 10, bound >> 8] {
+            let arena = bound.saturating_add(extra).div_ceil(PAGE).saturating_mul(PAGE).max(2 * zone);
+            if best.as_ref().is_some_and(|(c, _)| arena >= *c) {
+                // Nothing in this order, or in the larger arenas, can cost less.
+                break;
+            }
+            let (plan, left) = place(reqs.len(), &items, &order, arena, zone);
+            let cost = arena.saturating_add(left);
+            if best.as_ref().is_none_or(|(c, _)| cost < *c) {
+                best = Some((cost, plan));
+            }
+            if left == 0 {
+                break;
+            }
         }
     }
     best.map(|(_, p)| p)
+}
+
+/// The orders [`aliased`] places the pairs in, each with the pairs that
+/// must lie in a zone first; the next is tried only while the plans so far
+/// leave a pair out or need more than the bound: by decreasing size (the
+/// longer-lived first among equals); those live at the cycle's peak first,
+/// in allocation order, then by size; the longest-lived first (tensors kept
+/// from the forward for the backward, nested: a checkpointed model's
+/// inputs, which by size come after larger short-lived ones and then find
+/// no gap over their whole lifetimes); those that live to the step's end
+/// first, in allocation order (gradients), then by size.
+#[derive(Clone, Copy)]
+enum Order {
+    Size,
+    PeakFirst,
+    Longest,
+    ToTheEnd,
+}
+
+const ORDERS: [Order; 4] = [Order::Size, Order::PeakFirst, Order::Longest, Order::ToTheEnd];
+
+/// The indices of `items` (of a cycle of `h` times) in `order`.
+fn sorted(items: &[Item], h: u32, order: Order) -> Vec<usize> {
+    use core::cmp::Reverse;
+    let life = |i: &Item| u64::from(i.end - i.k) + u64::from(i.wrap);
+    // The first time of the cycle with the most bytes live.
+    let mut delta = vec![0i128; h as usize + 1];
+    for it in items {
+        delta[it.k as usize] += i128::from(it.size);
+        delta[it.end.min(h) as usize] -= i128::from(it.size);
+        if it.wrap > 0 {
+            delta[0] += i128::from(it.size);
+            delta[it.wrap.min(h) as usize] -= i128::from(it.size);
+        }
+    }
+    let (mut live, mut most, mut peak) = (0i128, -1i128, 0u32);
+    for (t, d) in delta.iter().enumerate() {
+        live += d;
+        if live > most {
+            (most, peak) = (live, t as u32);
+        }
+    }
+    let at_peak = |i: &Item| (i.k <= peak && peak < i.end) || peak < i.wrap;
+    let mut out: Vec<usize> = (0..items.len()).collect();
+    match order {
+        Order::Size => out.sort_unstable_by_key(|&x| {
+            let i = &items[x];
+            (!i.crossing(), Reverse(i.size), Reverse(life(i)), i.k)
+        }),
+        Order::PeakFirst => out.sort_unstable_by_key(|&x| {
+            let i = &items[x];
+            (!i.crossing(), !at_peak(i), if at_peak(i) { i.k } else { 0 }, Reverse(i.size), Reverse(life(i)), i.k)
+        }),
+        Order::Longest => out.sort_unstable_by_key(|&x| {
+            let i = &items[x];
+            (!i.crossing(), Reverse(life(i)), Reverse(i.size), i.k)
+        }),
+        Order::ToTheEnd => out.sort_unstable_by_key(|&x| {
+            let i = &items[x];
+            let to_end = i.end >= h;
+            (!i.crossing(), !to_end, if to_end { i.k } else { 0 }, Reverse(i.size), Reverse(life(i)), i.k)
+        }),
+    }
+    out
 }
 
 /// The smallest gap of at least `size` bytes between the blocks
@@ -195,16 +272,10 @@ fn smallest_gap(occupied: &mut [(u64, u64)], size: u64, high: bool) -> Option<(u
     best
 }
 
-/// Places `items` in an arena of `arena` bytes with zones of `zone`;
-/// returns the plan (for a profile of `n` requests) and the bytes left out.
-fn place(n: usize, items: &[Item], arena: u64, zone: u64) -> (AliasedPlan, u64) {
+/// Places `items` in `order` in an arena of `arena` bytes with zones of
+/// `zone`; returns the plan (for a profile of `n` requests) and the bytes left out.
+fn place(n: usize, items: &[Item], order: &[usize], arena: u64, zone: u64) -> (AliasedPlan, u64) {
     let h = n / 2;
-    let mut order: Vec<usize> = (0..items.len()).collect();
-    let life = |i: &Item| u64::from(i.end - i.k) + u64::from(i.wrap);
-    order.sort_unstable_by_key(|&i| {
-        let it = &items[i];
-        (!it.crossing(), core::cmp::Reverse(it.size), core::cmp::Reverse(life(it)), it.k)
-    });
     let mut offsets = vec![None; n];
     let mut placed: Vec<(usize, u64)> = Vec::with_capacity(items.len());
     let (mut occupied, mut scratch, mut left) = (Vec::new(), Vec::new(), 0u64);
@@ -213,7 +284,7 @@ fn place(n: usize, items: &[Item], arena: u64, zone: u64) -> (AliasedPlan, u64) 
     // is allocated then goes to the high end of its gap, towards the zone
     // the previous step's output left.
     let late = items.iter().map(|i| i.wrap).max().unwrap_or(0);
-    for &i in &order {
+    for &i in order {
         let it = &items[i];
         let (main, wrap) = ((it.k, it.end), (0, it.wrap));
         occupied.clear();
