@@ -744,9 +744,14 @@ const STEP_ORDERS: usize = 6;
 /// workload, `freed_at` set for every request) cut into `windows`, or `None`
 /// when no step keeps a tensor into the next one, a step is longer than
 /// [`MAX_ALIASED_STEP`], or no arena up to 1/128 above the live
-/// `lower_bound` holds every step.
+/// `lower_bound` (or above the most bytes live over the floor at once)
+/// holds every step.
 ///
-/// The floor ([`in_floor`]) lies at the bottom, in allocation order. Above
+/// The floor ([`in_floor`]) lies at the bottom, in allocation order; or,
+/// when that stack passes the bound (the first step's peak came before
+/// tensors that then stay to the end, such as lazily made optimizer
+/// states), only what the floor holds that is allocated by the first
+/// window's live peak, the rest placed in the middle. Above
 /// it, an arena of `A` bytes with two end zones of `Z` (the most bytes a
 /// step keeps into the next, in whole pages) is seen through two windows:
 /// step `s` runs in window `s mod 2`, the second with its zones swapped
@@ -759,29 +764,107 @@ const STEP_ORDERS: usize = 6;
 /// step's requests placed so far. A request allocated once the previous
 /// step's tensors are all freed takes the high end of its gap (towards the
 /// zone they left). The first of [`STEP_ORDERS`] that places every request
-/// of the step wins; the smallest arena (from the bound up, in whole pages)
-/// whose steps all place wins. The layout is then checked request by
-/// request in physical memory ([`placed_in_pieces`]).
+/// of the step wins; when none does, each is retried with the requests
+/// that failed it placed first, one more per retry (up to
+/// [`STEP_PROMOTIONS`]). The arena is the smallest (from the bound up, in
+/// whole pages) whose steps all place: the least tried first, then the
+/// largest, then halving between them. The layout is then checked request
+/// by request in physical memory ([`placed_in_pieces`]).
 fn aliased_steps(reqs: &[PlanRequest], windows: &[(u32, u32)], lower_bound: u64) -> Option<u64> {
-    aliased_steps_layout(reqs, windows, lower_bound).map(|(arena, _)| arena)
+    if windows.len() < 2 || windows.iter().any(|&(c0, c1)| c1 - c0 > MAX_ALIASED_STEP) {
+        return None;
+    }
+    let floor = floor_marks(reqs);
+    // What stays to the end but comes after the first window's live peak
+    // may go in the middle instead. Each floor bounds the arena below by
+    // itself plus the most bytes live above it at once: the lower first,
+    // the other only when it bounds lower still than what the first made.
+    let until = window_peak(reqs, windows[0]) as usize;
+    let mut floors = vec![floor];
+    if floors[0].iter().skip(until + 1).any(|&f| f) {
+        floors.push(floors[0].iter().enumerate().map(|(k, &f)| f && k <= until).collect());
+    }
+    let least =
+        |floor: &[bool]| lower_bound.max(floor_bytes(reqs, floor).saturating_add(above_floor_peak(reqs, floor)));
+    let mut floors: Vec<(u64, Vec<bool>)> = floors.into_iter().map(|f| (least(&f), f)).collect();
+    floors.sort_by_key(|(least, _)| *least);
+    let mut best: Option<u64> = None;
+    for (i, (least, floor)) in floors.iter().enumerate() {
+        if i > 0 && best.is_some_and(|b| b <= *least || floors[0].0 == *least) {
+            break;
+        }
+        if let Some((a, _)) = aliased_steps_layout(reqs, windows, lower_bound, floor) {
+            best = Some(best.map_or(a, |b| b.min(a)));
+        }
+    }
+    best
 }
 
-/// [`aliased_steps`], and the physical pieces of every request.
+/// Which requests of `reqs` (a whole workload) [`in_floor`] holds.
+fn floor_marks(reqs: &[PlanRequest]) -> Vec<bool> {
+    let f = in_floor(reqs);
+    (0..reqs.len() as u32).map(|k| f(&k)).collect()
+}
+
+/// The bytes of the requests of `reqs` that `floor` marks.
+fn floor_bytes(reqs: &[PlanRequest], floor: &[bool]) -> u64 {
+    reqs.iter().zip(floor).filter(|(_, &f)| f).map(|(r, _)| r.planned_bytes()).sum()
+}
+
+/// The most bytes live at once among the requests of `reqs` (a whole
+/// workload) that `floor` does not mark.
+fn above_floor_peak(reqs: &[PlanRequest], floor: &[bool]) -> u64 {
+    let n = reqs.len() as u32;
+    let mut delta = vec![0i128; reqs.len() + 1];
+    for (k, r) in reqs.iter().enumerate().filter(|&(k, _)| !floor[k]) {
+        let f = r.freed_at.unwrap_or(n).clamp(k as u32 + 1, n);
+        delta[k] += i128::from(r.planned_bytes());
+        delta[f as usize] -= i128::from(r.planned_bytes());
+    }
+    let mut live = 0i128;
+    delta
+        .iter()
+        .map(|d| {
+            live += d;
+            live
+        })
+        .max()
+        .map_or(0, |m| u64::try_from(m).unwrap_or(0))
+}
+
+/// The time of the most bytes live (all of `requests`, the first on a tie)
+/// within the window `[c0, c1)`.
+fn window_peak(requests: &[PlanRequest], (c0, c1): (u32, u32)) -> u32 {
+    let n = requests.len() as u32;
+    let mut delta = vec![0i128; c1 as usize + 1];
+    for (k, r) in requests.iter().enumerate().take(c1 as usize) {
+        let f = r.freed_at.unwrap_or(n).clamp(k as u32 + 1, n).min(c1);
+        delta[k] += i128::from(r.planned_bytes());
+        delta[f as usize] -= i128::from(r.planned_bytes());
+    }
+    let (mut live, mut peak, mut peak_at) = (0i128, -1i128, c0);
+    for (t, d) in delta.iter().enumerate().take(c1 as usize) {
+        live += d;
+        if t as u32 >= c0 && live > peak {
+            (peak, peak_at) = (live, t as u32);
+        }
+    }
+    peak_at
+}
+
+/// [`aliased_steps`] with the requests `floor` marks (they stay to the
+/// end) stacked below the windows, and the physical pieces of every
+/// request. The arenas tried start at the most bytes live above the floor
+/// at once, when that passes the bound less the floor.
 #[allow(clippy::type_complexity)]
 fn aliased_steps_layout(
     reqs: &[PlanRequest],
     windows: &[(u32, u32)],
     lower_bound: u64,
+    floor: &[bool],
 ) -> Option<(u64, Vec<Vec<(u64, u64)>>)> {
     let n = reqs.len() as u32;
-    if windows.len() < 2 || windows.iter().any(|&(c0, c1)| c1 - c0 > MAX_ALIASED_STEP) {
-        return None;
-    }
-    let floor: Vec<bool> = {
-        let f = in_floor(reqs);
-        (0..n).map(|k| f(&k)).collect()
-    };
-    let floor_bytes: u64 = (0..n).filter(|&k| floor[k as usize]).map(|k| reqs[k as usize].planned_bytes()).sum();
+    let floor_bytes = floor_bytes(reqs, floor);
     let mut items: Vec<Vec<StepItem>> = Vec::with_capacity(windows.len());
     let mut zone = 0u64;
     for (s, &(c0, c1)) in windows.iter().enumerate() {
@@ -805,22 +888,19 @@ fn aliased_steps_layout(
         return None;
     }
     let zone = zone.div_ceil(ALIASED_PAGE).checked_mul(ALIASED_PAGE)?;
-    let base = lower_bound.saturating_sub(floor_bytes).max(2 * zone);
-    let (mut tried, mut work) = (0u64, 0u64);
+    let base = lower_bound.saturating_sub(floor_bytes).max(above_floor_peak(reqs, floor)).max(2 * zone);
+    // `base` plus sixteenths of 1/256 of it, in whole pages.
+    let mut arenas: Vec<u64> = Vec::new();
     for sixteenths in [0u64, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32] {
-        // `base` plus sixteenths of 1/256 of it, in whole pages.
         let extra = u64::try_from(u128::from(base) * u128::from(sixteenths) / 4096).ok()?;
         let arena = base.checked_add(extra)?.div_ceil(ALIASED_PAGE).checked_mul(ALIASED_PAGE)?;
-        if arena <= tried {
-            continue;
+        if arenas.last().is_none_or(|&a| a < arena) {
+            arenas.push(arena);
         }
-        tried = arena;
-        let Some(offsets) = chain_steps(&items, windows, reqs, arena, zone, &mut work) else {
-            if work > MAX_ALIASED_WORK {
-                return None;
-            }
-            continue;
-        };
+    }
+    let mut work = 0u64;
+    let mut layout = |arena: u64| -> Option<(u64, Vec<Vec<(u64, u64)>>)> {
+        let offsets = chain_steps(&items, windows, reqs, arena, zone, &mut work)?;
         // Each request's physical pieces: the floor stacked at the bottom,
         // the steps' windows above it.
         let mut pieces: Vec<Vec<(u64, u64)>> = vec![Vec::new(); reqs.len()];
@@ -844,11 +924,27 @@ fn aliased_steps_layout(
             }
         }
         let order: Vec<(u32, Option<u64>)> = (0..n).map(|k| (k, None)).collect();
-        if let Some(a) = placed_in_pieces(reqs, &pieces, &vec![true; reqs.len()], &order) {
-            return Some((a, pieces));
+        placed_in_pieces(reqs, &pieces, &vec![true; reqs.len()], &order).map(|a| (a, pieces))
+    };
+    // The smallest arena first, then the largest: when both hold, the
+    // smallest between them that holds (halving; a larger arena holds
+    // what a smaller one does, but for the greedy orders' whims).
+    if let Some(made) = layout(arenas[0]) {
+        return Some(made);
+    }
+    let (mut lo, mut hi) = (0usize, arenas.len() - 1);
+    if hi == 0 {
+        return None;
+    }
+    let mut best = layout(arenas[hi])?;
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        match layout(arenas[mid]) {
+            Some(made) => (best, hi) = (made, mid),
+            None => lo = mid,
         }
     }
-    None
+    Some(best)
 }
 
 /// The window offset of every request of `items` (the steps of `windows`)
@@ -897,37 +993,32 @@ fn chain_steps(
                 (most, peak) = (live, t as u32);
             }
         }
+        // Each order as it is, then (when none places the step) each again
+        // with the requests that failed it placed first.
         let mut placed_all = false;
-        for how in 0..STEP_ORDERS {
-            order.clear();
-            order.extend(0..step.len());
-            sort_step(&mut order, step, how, peak);
-            blocks.clear();
-            blocks.extend_from_slice(&fixed);
-            let mut ok = true;
-            for &i in &order {
-                let it = step[i];
-                *work += blocks.len() as u64;
-                if *work > MAX_ALIASED_WORK {
-                    return None;
+        'orders: for (how, promote) in (0..STEP_ORDERS).map(|h| (h, false)).chain((0..STEP_ORDERS).map(|h| (h, true))) {
+            let mut first: Vec<usize> = Vec::new();
+            loop {
+                order.clear();
+                order.extend(0..step.len());
+                sort_step(&mut order, step, how, peak);
+                promoted(&mut order, &first, step);
+                blocks.clear();
+                blocks.extend_from_slice(&fixed);
+                let place = Window { arena, zone, late };
+                match place_step(step, &order, &place, &mut blocks, &mut occupied, &mut offsets, work) {
+                    Placed::All => {
+                        placed_all = true;
+                        break 'orders;
+                    }
+                    Placed::OutOfWork => return None,
+                    Placed::Failed(i) => {
+                        if !promote || step[i].reach != Reach::Step || first.len() >= STEP_PROMOTIONS {
+                            break;
+                        }
+                        first.push(i);
+                    }
                 }
-                occupied.clear();
-                occupied.extend(blocks.iter().filter(|b| b.t0 < it.t1 && it.t0 < b.t1).map(|b| (b.off, b.end)));
-                let (lo, hi) = match it.reach {
-                    Reach::Step => (0, arena),
-                    Reach::Next => (0, zone),
-                    Reach::Later => (zone, arena - zone),
-                };
-                let Some(off) = smallest_gap_in(&mut occupied, it.size, lo, hi, it.t0 >= late) else {
-                    ok = false;
-                    break;
-                };
-                blocks.push(WindowBlock { off, end: off + it.size, t0: it.t0, t1: it.t1 });
-                offsets[it.k as usize] = Some(off);
-            }
-            if ok {
-                placed_all = true;
-                break;
             }
         }
         if !placed_all {
@@ -937,6 +1028,75 @@ fn chain_steps(
         later.extend(step.iter().filter(|i| i.reach == Reach::Later).map(|i| i.k));
     }
     Some(offsets)
+}
+
+/// How many requests of a step [`chain_steps`] moves to the front of an
+/// order that fails to place it, one per retry (iterative repair: a request
+/// left without a gap is placed before those that took its room).
+const STEP_PROMOTIONS: usize = 32;
+
+/// The window a step of [`chain_steps`] is placed in: its arena, its end
+/// zones, and the step's time from which the previous step's tensors are
+/// all freed.
+struct Window {
+    arena: u64,
+    zone: u64,
+    late: u32,
+}
+
+/// What [`place_step`] did.
+enum Placed {
+    /// Every request of the step is placed.
+    All,
+    /// The request at this index of the step found no gap.
+    Failed(usize),
+    /// The work bound ([`MAX_ALIASED_WORK`]) was passed.
+    OutOfWork,
+}
+
+/// Places the requests of `step` in `order`, each in the smallest gap of
+/// its range of `w` among `blocks` (the fixed blocks, then those placed
+/// so far) that live with it, and records its window offset in `offsets`.
+fn place_step(
+    step: &[StepItem],
+    order: &[usize],
+    w: &Window,
+    blocks: &mut Vec<WindowBlock>,
+    occupied: &mut Vec<(u64, u64)>,
+    offsets: &mut [Option<u64>],
+    work: &mut u64,
+) -> Placed {
+    for &i in order {
+        let it = step[i];
+        *work += blocks.len() as u64;
+        if *work > MAX_ALIASED_WORK {
+            return Placed::OutOfWork;
+        }
+        occupied.clear();
+        occupied.extend(blocks.iter().filter(|b| b.t0 < it.t1 && it.t0 < b.t1).map(|b| (b.off, b.end)));
+        let (lo, hi) = match it.reach {
+            Reach::Step => (0, w.arena),
+            Reach::Next => (0, w.zone),
+            Reach::Later => (w.zone, w.arena - w.zone),
+        };
+        let Some(off) = smallest_gap_in(occupied, it.size, lo, hi, it.t0 >= w.late) else {
+            return Placed::Failed(i);
+        };
+        blocks.push(WindowBlock { off, end: off + it.size, t0: it.t0, t1: it.t1 });
+        offsets[it.k as usize] = Some(off);
+    }
+    Placed::All
+}
+
+/// Moves the indices `first` (in that order) of `order` to just before its
+/// first request freed within the step (those kept past it stay first).
+fn promoted(order: &mut Vec<usize>, first: &[usize], step: &[StepItem]) {
+    if first.is_empty() {
+        return;
+    }
+    order.retain(|i| !first.contains(i));
+    let lead = order.iter().position(|&i| step[i].reach == Reach::Step).unwrap_or(order.len());
+    order.splice(lead..lead, first.iter().copied());
 }
 
 /// Sorts `order` (indices of `step`) in the order `how` of [`STEP_ORDERS`];
@@ -1328,7 +1488,8 @@ mod tests {
         assert!(parts.by_cycle(&profile.requests, &windows).is_none());
         let by_steps = parts.by_steps(&profile.requests, &windows).unwrap();
         assert!(by_steps.arena_bytes > bound, "steps {} bound {bound}", by_steps.arena_bytes);
-        let (arena, pieces) = aliased_steps_layout(&profile.requests, &windows, bound).unwrap();
+        let (arena, pieces) =
+            aliased_steps_layout(&profile.requests, &windows, bound, &floor_marks(&profile.requests)).unwrap();
         let floor = profile.requests[0].planned_bytes();
         assert_eq!(arena, floor + (bound - floor).div_ceil(ALIASED_PAGE) * ALIASED_PAGE);
         // Checked here on its own: every request in pieces of its bytes,
@@ -1367,6 +1528,85 @@ mod tests {
         assert_eq!(aliased_cuts(20, &cuts, &[0, 10]), vec![vec![(0, 10), (10, 20)]]);
         assert!(aliased_cuts(20, &[], &[]).is_empty());
         assert_eq!(aliased_cuts(20, &[], &passes), vec![steps(20, &[5, 10, 15])]);
+    }
+
+    #[test]
+    fn a_request_that_no_order_places_is_placed_first_on_a_retry() {
+        // One step of eight requests (units of 4 KiB, lifetimes in the
+        // step's times) in an arena of exactly its live peak: each of the
+        // orders leaves one without a gap; moving the ones that fail to
+        // the front, one per retry, places them all.
+        const U: u64 = 4096;
+        let shape = [(3, 0, 1), (1, 1, 3), (3, 2, 6), (2, 3, 7), (4, 4, 8), (2, 5, 6), (4, 6, 7), (3, 7, 8)];
+        let step: Vec<StepItem> = shape
+            .iter()
+            .enumerate()
+            .map(|(k, &(size, t0, t1))| StepItem { k: k as u32, size: size * U, t0, t1, reach: Reach::Step })
+            .collect();
+        let reqs: Vec<PlanRequest> = step
+            .iter()
+            .map(|i| PlanRequest {
+                bytes: i.size,
+                kind: TensorKind::Activation,
+                stream: StreamId(0),
+                freed_at: Some(i.t1),
+                wraps_to: None,
+            })
+            .collect();
+        let live = |t: u32| step.iter().filter(|i| i.t0 <= t && t < i.t1).map(|i| i.size).sum::<u64>();
+        let (peak_at, arena) = (0..8).map(|t| (t, live(t))).rev().max_by_key(|&(_, b)| b).unwrap();
+        let w = Window { arena, zone: 0, late: 0 };
+        let mut work = 0;
+        for how in 0..STEP_ORDERS {
+            let mut order: Vec<usize> = (0..step.len()).collect();
+            sort_step(&mut order, &step, how, peak_at);
+            let (mut blocks, mut occupied, mut offsets) = (Vec::new(), Vec::new(), vec![None; step.len()]);
+            let placed = place_step(&step, &order, &w, &mut blocks, &mut occupied, &mut offsets, &mut work);
+            assert!(matches!(placed, Placed::Failed(_)), "order {how} places the step");
+        }
+        let offsets =
+            chain_steps(std::slice::from_ref(&step), &[(0, 8)], &reqs, arena, 0, &mut work).expect("placed on a retry");
+        for (i, a) in step.iter().enumerate() {
+            let o = offsets[i].unwrap();
+            assert!(o + a.size <= arena, "request {i} at {o} out of {arena}");
+            for (j, b) in step.iter().enumerate().take(i) {
+                let p = offsets[j].unwrap();
+                let (share, live) = (o < p + b.size && p < o + a.size, a.t0 < b.t1 && b.t0 < a.t1);
+                assert!(!(share && live), "requests {j} and {i} share bytes while both live");
+            }
+        }
+        let mut order = vec![3, 0, 5, 1];
+        promoted(&mut order, &[5, 1], &step);
+        assert_eq!(order, vec![5, 1, 3, 0]);
+    }
+
+    #[test]
+    fn what_stays_to_the_end_but_comes_after_the_first_peak_lies_above_the_floor() {
+        // The loop of evaluations above, whose first step holds 40 MiB
+        // more (a workspace of its own), then makes states (an optimizer's,
+        // made lazily) that stay to the end. Stacked under every step with
+        // the parameters, they add to the first step's peak, which they
+        // missed: the arena passes the bound by 24 MiB. Placed in the
+        // middle of the windows instead, where the first step's tensors
+        // were: the bound, in whole pages.
+        const M: u64 = 1 << 20;
+        let mut ev = kept_with_evaluations(6, 24);
+        let end = ev.iter().position(|e| matches!(e, Event::Phase { phase: Phase::StepEnd, .. })).unwrap();
+        ev.splice(end..end, std::iter::once(free(2_000_000)).chain((0..3).map(|j| alloc(1_000_000 + j, 16 * M))));
+        ev.insert(1, alloc(2_000_000, 40 * M));
+        let w = Workload::from_events("late states", ev);
+        let (profile, windows, bound) = stepped_by_markers(&w);
+        let reqs = &profile.requests;
+        let floor = floor_marks(reqs);
+        let stacked = floor_bytes(reqs, &floor) + above_floor_peak(reqs, &floor);
+        assert_eq!(stacked, bound + 24 * M);
+        let whole = aliased_steps_layout(reqs, &windows, bound, &floor).map(|(a, _)| a);
+        assert!(whole.is_none_or(|a| a >= stacked), "{whole:?}");
+        let arena = aliased_steps(reqs, &windows, bound).unwrap();
+        let params = reqs[0].planned_bytes();
+        assert_eq!(arena, params + (bound - params).div_ceil(ALIASED_PAGE) * ALIASED_PAGE);
+        let p = plan_offline(&w, &mut GreedyPlanner::default()).unwrap();
+        assert!(p.arena_bytes <= arena && p.overhead_ratio <= 1.002, "{p:?}");
     }
 
     /// The whole of `w`, its steps as its `step_end` markers cut them, and its live bound.
