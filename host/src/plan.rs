@@ -225,9 +225,15 @@ pub fn plan_offline(w: &Workload, planner: &mut dyn PlannerPolicy) -> Result<Off
         }
     }
     if plan.arena_bytes > lower_bound && windows.len() > 1 {
-        let floored = parts.floored(&profile.requests, Above::Steps(&cuts));
-        for p in [floored, parts.by_steps(&profile.requests, &windows)].into_iter().flatten() {
-            if p.arena_bytes < plan.arena_bytes {
+        // The steps above the floor, then (unless those reach the bound)
+        // the steps whole.
+        if let Some(p) =
+            parts.floored(&profile.requests, Above::Steps(&cuts)).filter(|p| p.arena_bytes < plan.arena_bytes)
+        {
+            (plan, composition) = (p, Composition::Steps);
+        }
+        if plan.arena_bytes > lower_bound {
+            if let Some(p) = parts.by_steps(&profile.requests, &windows).filter(|p| p.arena_bytes < plan.arena_bytes) {
                 (plan, composition) = (p, Composition::Steps);
             }
         }
