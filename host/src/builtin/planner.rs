@@ -283,7 +283,7 @@ impl PlannerPolicy for GreedyPlanner {
         if let Some(plan) = made_for(&self.made_aliased, &requests) {
             return Ok(plan.clone());
         }
-        let plan = wasmem_plan_core::aliased(&requests);
+        let plan = wasmem_plan_core::aliased_with(&requests, wasmem_plan_core::Effort::times(self.effort));
         remember(&mut self.made_aliased, requests, plan.clone());
         Ok(plan)
     }

@@ -75,7 +75,7 @@
 extern crate alloc;
 
 mod aliased;
-pub use aliased::{aliased, swap_zones, AliasedPlan, ALIASED_WORK, PAGE};
+pub use aliased::{aliased, aliased_with, swap_zones, AliasedPlan, ALIASED_WORK, PAGE};
 
 use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::vec;
