@@ -37,8 +37,9 @@
 //!    whole-trace offline plan): those first, stacked in allocation order
 //!    as a floor, then the rest by size (greedy by size alone can leave
 //!    holes under tensors that never leave);
-//! 4. in a step of at most 2,048 requests, within [`SEARCH_VISITS`] block
-//!    visits per request: *peak first* — the requests live at the first
+//! 4. within [`SEARCH_VISITS`] block visits per request (a step of at most
+//!    2,048 requests; a longer one gets the visits of at most 8,192, and
+//!    its placements cost the visits its first one made): *peak first* — the requests live at the first
 //!    time the live bound is reached (every plan that costs the bound packs
 //!    them below it) placed first, in allocation order or the longer-lived
 //!    first, then the others by size or by size times lifetime (greedy by
@@ -175,6 +176,9 @@ struct Placed {
     /// Per item: the query stamp that last saw it (deduplication).
     seen: Vec<u32>,
     stamp: u32,
+    /// What the queries so far cost: the pieces they visited and the
+    /// start times they stepped through.
+    visits: u64,
 }
 
 impl Placed {
@@ -188,6 +192,7 @@ impl Placed {
             blocks: vec![(0, 0); items],
             seen: vec![0; items],
             stamp: 0,
+            visits: 0,
         }
     }
 
@@ -225,6 +230,7 @@ impl Placed {
         // Pieces covering time `a`.
         let mut node = (a + self.width) as usize;
         while node >= 1 {
+            self.visits += 1 + self.nodes[node].len() as u64;
             for i in 0..self.nodes[node].len() {
                 let id = self.nodes[node][i];
                 visit(self, id);
@@ -233,6 +239,7 @@ impl Placed {
         }
         // Pieces starting in (a, e).
         for t in (a + 1)..e.min(self.width + 1) {
+            self.visits += 1 + self.starts[t as usize].len() as u64;
             for i in 0..self.starts[t as usize].len() {
                 let id = self.starts[t as usize][i];
                 visit(self, id);
@@ -285,7 +292,8 @@ pub struct Effort {
 
 impl Effort {
     /// What [`plan`] spends, within the engine's planning deadline:
-    /// [`SEARCH_VISITS`], [`SEARCH_ROUNDS`], steps of at most 2,048 requests.
+    /// [`SEARCH_VISITS`], [`SEARCH_ROUNDS`], steps of at most 2,048 requests
+    /// (a longer step: the visits of 8,192 requests at most).
     pub const ONLINE: Effort = Effort { visits: SEARCH_VISITS, rounds: SEARCH_ROUNDS, requests: SCAN_REQUESTS };
 
     /// [`Effort::ONLINE`] with `k` times its visits and rounds, for
@@ -383,8 +391,12 @@ fn begin(requests: &[Request], effort: Effort) -> Begun {
     // lifetime (those that block time longest lower). Greedy by size often
     // leaves a gap under a peak tensor that none of the others fits.
     let m = plannable.clone().count() as u64;
-    let round = (m * m / 2).max(1);
-    let mut budget = if reqs.len() <= effort.requests { effort.visits.saturating_mul(m) } else { 0 };
+    // (A step longer than the effort's: what its first order cost,
+    // measured; a shorter one keeps a scan's cost, whichever placed it.)
+    let long = reqs.len() > effort.requests;
+    let mut round = (m * m / 2).max(1);
+    let whole = budget(reqs.len(), m, effort);
+    let mut budget = whole;
     let peak = live_peak(reqs).1;
     let (at_peak, off_peak): (Vec<u32>, Vec<u32>) = plannable.clone().partition(|&k| {
         let (iv, m) = reqs[k as usize].intervals(k, n);
@@ -425,7 +437,10 @@ fn begin(requests: &[Request], effort: Effort) -> Begun {
                 order
             }
         };
-        let plan = place(reqs, &order);
+        let (plan, visits) = place_costed(reqs, &order);
+        if let Some(v) = visits.filter(|_| long && greedy.is_none()) {
+            round = v.max(1);
+        }
         if cost(&plan) <= bound {
             return Begun::Planned(plan);
         }
@@ -451,8 +466,7 @@ fn begin(requests: &[Request], effort: Effort) -> Begun {
     }
     let Some((g, order)) = greedy else { return Begun::Planned(sim) };
     // Later budgets (a [`Refiner`]'s): the whole budget in rounds.
-    let per_budget =
-        effort.rounds.min(if reqs.len() <= effort.requests { effort.visits.saturating_mul(m) / round } else { 0 });
+    let per_budget = effort.rounds.min(whole / round);
     let search = Search::new(reqs, order, g, bound, per_budget);
     Begun::Searching { sim, search, rounds: effort.rounds.min(budget / round) }
 }
@@ -484,7 +498,8 @@ const ORDERS: [Order; 8] = [
 ];
 
 /// Block visits per planned request that [`plan`] may spend, in a step of
-/// at most 2,048 requests, on greedy plans beyond the two it always makes
+/// at most 2,048 requests (a longer one: those of 8,192 at most, each
+/// placement costed by what its first one visited), on greedy plans beyond the two it always makes
 /// and on the search after them (a linear budget, like the engine's
 /// planning deadline: about 5 µs per request natively).
 pub const SEARCH_VISITS: u64 = 1_000;
@@ -623,15 +638,19 @@ impl Refiner {
         let n = requests.len() as u32;
         let plannable = (0..n).filter(|&k| requests[k as usize].plannable(k));
         let m = plannable.clone().count() as u64;
-        let round = (m * m / 2).max(1);
-        let per_budget = if requests.len() <= effort.requests { effort.visits.saturating_mul(m) / round } else { 0 };
+        let whole = budget(requests.len(), m, effort);
         let bound = live_bound(requests);
-        if per_budget == 0 || best_cost <= bound {
+        if whole == 0 || best_cost <= bound {
             return done;
         }
         let mut order: Vec<u32> = plannable.filter(|&k| plan.offsets[k as usize].is_some()).collect();
         order.sort_unstable_by_key(|&k| (plan.offsets[k as usize], k));
-        let start = place(requests, &order);
+        let (start, visits) = place_costed(requests, &order);
+        let long = requests.len() > effort.requests;
+        let per_budget = whole / visits.filter(|_| long).unwrap_or(m * m / 2).max(1);
+        if per_budget == 0 {
+            return done;
+        }
         let mut search = Search::new(requests, order, start, bound, effort.rounds.min(per_budget));
         // (splitmix64 of the calls: a nonzero xorshift state of its own.)
         let mut z = searched.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -731,13 +750,53 @@ pub fn greedy_by_size(requests: &[Request]) -> Plan {
 /// Places the requests of `order` one by one, each at the best-fitting gap
 /// among the placed blocks whose lifetimes overlap its own.
 fn place(reqs: &[Request], order: &[u32]) -> Plan {
+    place_costed(reqs, order).0
+}
+
+/// [`place`], and for a step longer than [`SCAN_REQUESTS`] what it cost in
+/// scan visits (the round of a step longer than its effort's, see
+/// [`budget`]): the segment tree's visits times [`TREE_VISIT`] (`None`: a
+/// scanned step, whose placement costs about m²/2 visits for m requests).
+fn place_costed(reqs: &[Request], order: &[u32]) -> (Plan, Option<u64>) {
     let n = reqs.len() as u32;
     if reqs.len() <= SCAN_REQUESTS {
-        place_with(reqs, order, &mut Scan::default())
+        (place_with(reqs, order, &mut Scan::default()), None)
     } else {
-        place_with(reqs, order, &mut Placed::new(n, reqs.len()))
+        let mut placed = Placed::new(n, reqs.len());
+        let plan = place_with(reqs, order, &mut placed);
+        (plan, Some(placed.visits.saturating_mul(TREE_VISIT)))
     }
 }
+
+/// What one visit of the segment tree costs in visits of a scan (a piece
+/// met or a start time stepped through, against a placed block compared:
+/// 11–14 ns against 1.7–2 ns natively, on steps of 1,500–50,000 requests).
+const TREE_VISIT: u64 = 6;
+
+/// The visits [`plan_with`] may spend on a step of `len` requests, `m` of
+/// them plannable, beyond the plans it always makes: [`Effort::visits`]
+/// per planned request, in a step of at most [`Effort::requests`]; a
+/// longer one (placed with the segment tree, whose placements cost what
+/// the requests' lifetimes overlap, not a scan's m²/2) gets the visits of
+/// [`LONG_STEP`] times [`Effort::requests`] requests, whatever its length,
+/// each placement costed by what its first one visited (within the
+/// effort's requests, a placement costs m²/2 as before: offline, the
+/// profiles of whole traces would search for longer and plan no better):
+/// a recorded ViT step of 3,374 requests costs 7.6 M a placement, so it
+/// gets one greedy order more (it plans at its bound then, 2.7 % below
+/// the plans it always makes).
+fn budget(len: usize, m: u64, effort: Effort) -> u64 {
+    if len <= effort.requests {
+        effort.visits.saturating_mul(m)
+    } else if len <= SCAN_REQUESTS {
+        0
+    } else {
+        effort.visits.saturating_mul((effort.requests as u64).saturating_mul(LONG_STEP))
+    }
+}
+
+/// See [`budget`]: 8.2 M visits at [`Effort::ONLINE`] (about 10 ms natively).
+const LONG_STEP: u64 = 4;
 
 /// Most requests [`place`] handles by scanning every placed block (kept in
 /// offset order, [`Scan`]) instead of querying the segment tree
@@ -1463,6 +1522,39 @@ mod tests {
         assert!(valid(&reqs, &online) && online.offsets.iter().all(Option::is_some));
         assert_eq!(online.arena_bytes, bound);
         assert_eq!(live_peak(&reqs).0, bound);
+    }
+
+    #[test]
+    fn a_long_steps_placements_cost_what_its_lifetimes_overlap() {
+        // The AdamW step after 2,100 small requests that meet nothing: its
+        // placements use the segment tree and cost what the lifetimes
+        // overlap, far less than a scan's m²/2, so it gets the extra orders
+        // within the budget of a long step (whatever its length) — and
+        // plans as well as greedy by size at least.
+        let pad = 2100u32;
+        let mut reqs: Vec<Request> = (0..pad).map(|k| req(512, Some(k + 1), None)).collect();
+        reqs.extend(adamw_step().into_iter().map(|r| Request { freed_at: r.freed_at.map(|f| f + pad), ..r }));
+        assert!(reqs.len() > SCAN_REQUESTS);
+        let n = reqs.len() as u32;
+        let order: Vec<u32> = (0..n).collect();
+        let m = reqs.len() as u64;
+        let (by_time, visits) = place_costed(&reqs, &order);
+        let visits = visits.expect("placed with the segment tree");
+        assert!(visits * 10 < m * m / 2, "{visits} visits");
+        assert!(visits < budget(reqs.len(), m, Effort::ONLINE) / 8, "{visits} visits");
+        assert!(valid(&reqs, &by_time));
+        let online = plan(&reqs);
+        assert!(valid(&reqs, &online) && online.offsets.iter().all(Option::is_some));
+        assert!(online.arena_bytes <= greedy_by_size(&reqs).arena_bytes);
+        assert_eq!(live_bound(&reqs), live_bound(&adamw_step()));
+        // A short step's budget is linear in its requests; a long one's is
+        // flat; a larger effort scales both.
+        assert_eq!(budget(reqs.len(), m, Effort::ONLINE), SEARCH_VISITS * 2048 * LONG_STEP);
+        assert_eq!(budget(50_000, 50_000, Effort::ONLINE), SEARCH_VISITS * 2048 * LONG_STEP);
+        assert_eq!(budget(2048, 2000, Effort::ONLINE), SEARCH_VISITS * 2000);
+        assert_eq!(budget(3000, 3000, Effort::times(2)), SEARCH_VISITS * 2 * 3000);
+        // A scanned step's placement is costed by the caller (m²/2).
+        assert_eq!(place_costed(&adamw_step(), &(0..83).collect::<Vec<u32>>()).1, None);
     }
 
     #[test]
