@@ -373,6 +373,27 @@ fn a_step_too_long_to_scan_gets_the_peak_first_orders() {
     assert_eq!(u(&w, "plan_refused"), 0, "{w}");
 }
 
+/// A Qwen2 loop of varying sequence lengths that keeps its outputs and
+/// accumulates three micro-batches (`tests/data/qwen2-small-varseq-kept-accum3.jsonl.gz`:
+/// `scripts/record-meta.py qwen2-small 3 OUT --keep-outputs --varseq --foreach
+/// --grads-kept --accum 3 --seed 207`). The first step's plan, installed at
+/// the second step, is left a few requests into it (another length). The
+/// rest of the step borrowed the arena's free ranges until its 2.5 GB
+/// logits found none large enough, and grew twice beside the 7.7 GB arena:
+/// 1.7 % above `defrag`. The arena, which still holds the step's first
+/// tensors, now joins the dynamic path, whose stitching takes its free
+/// pages: within `defrag`.
+#[test]
+fn a_step_that_leaves_its_plan_stitches_its_large_tensors_from_the_arena_s_free_pages() {
+    let trace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/qwen2-small-varseq-kept-accum3.jsonl.gz");
+    let run = |policy: &str| json_lines(wasmem().args(["replay", "--json", "--policy", policy]).arg(&trace)).remove(0);
+    let (planned, defrag) = (run("planned"), run("defrag"));
+    let (p, d) = (u(&planned, "peak_reserved_bytes"), u(&defrag, "peak_reserved_bytes"));
+    assert!(p <= d, "planned {p} above defrag {d}: {planned}");
+    assert!(u(&planned, "plan_hits") > 0, "{planned}");
+    assert_eq!(u(&planned, "ooms"), 0, "{planned}");
+}
+
 /// A loop that keeps its outputs and evaluates two batches every fifth step
 /// (`tests/data/qwen2-small-kept-eval5.jsonl.gz`: `scripts/record-meta.py
 /// qwen2-small 12 OUT --keep-outputs --eval-every 5 --eval-batches 2

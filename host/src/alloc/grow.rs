@@ -90,6 +90,9 @@ impl<D: Device> Allocator<D> {
     #[inline]
     fn grow(&mut self, g: &Growth) -> Result<u32, AllocError> {
         let req = g.req;
+        // (An idle arena that holds tensors first joins the dynamic path:
+        // its free pages are then cached, for reclamation and stitching.)
+        self.join_idle_arena(g.segment);
         // 1–2. Reclamation before growth; stitching if it asks.
         if self.cached_bytes() > 0 {
             let trigger = ReclaimTrigger::Grow { request: req, segment_bytes: g.segment };
