@@ -42,9 +42,10 @@
 //!    its placements cost the visits its first one made): *peak first* —
 //!    the requests live at the first time the live bound is reached (every
 //!    plan that costs the bound packs them below it) placed first, in
-//!    allocation order or the longer-lived first, then the others by size or by size times lifetime (greedy by
-//!    size alone often leaves a gap under one of them that none of the
-//!    others fits: an AdamW step 5 % above the bound, planned at it so);
+//!    allocation order or the longer-lived first, then the others by size
+//!    or by size times lifetime (greedy by size alone often leaves a gap
+//!    under one of them that none of the others fits: an AdamW step 5 %
+//!    above the bound, planned at it so);
 //!    2 and 3 again with requests of equal size in
 //!    time order instead of longer lifetimes first (either order can be a
 //!    few per cent above the bound where the other meets it: a GPT-2 step
