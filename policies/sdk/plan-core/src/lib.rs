@@ -180,6 +180,8 @@ struct Placed {
     /// What the queries so far cost: the pieces they visited and the
     /// start times they stepped through.
     visits: u64,
+    /// Scratch: the blocks a query found, packed for sorting.
+    keys: Vec<u64>,
 }
 
 impl Placed {
@@ -194,6 +196,7 @@ impl Placed {
             seen: vec![0; items],
             stamp: 0,
             visits: 0,
+            keys: Vec::new(),
         }
     }
 
@@ -863,6 +866,27 @@ impl Blocks for Placed {
         }
     }
 
+    /// [`best_fit`], with the blocks sorted as one `u64` each where their
+    /// offsets and ends are whole [`ALIGN`]s below 2^32 of them (the
+    /// tree's blocks always are, but for arenas of 2 TiB and more): half
+    /// the bytes to move, one comparison each.
+    fn fit(&mut self, iv: &[(u32, u32)], size: u64, scratch: &mut Vec<(u64, u64)>) -> u64 {
+        scratch.clear();
+        self.overlapping(iv, scratch);
+        let fits = |&(o, e): &(u64, u64)| o % ALIGN == 0 && e % ALIGN == 0 && e / ALIGN <= u64::from(u32::MAX);
+        if !scratch.iter().all(fits) {
+            return best_fit(scratch, size);
+        }
+        self.keys.clear();
+        self.keys.extend(scratch.iter().map(|&(o, e)| ((o / ALIGN) << 32) | (e / ALIGN)));
+        self.keys.sort_unstable();
+        let mut fit = Fit::default();
+        for &k in &self.keys {
+            fit.meet((k >> 32) * ALIGN, (k & u64::from(u32::MAX)) * ALIGN, size);
+        }
+        fit.offset()
+    }
+
     fn keep(&mut self, k: u32, iv: &[(u32, u32)], off: u64, end: u64) {
         self.blocks[k as usize] = (off, end);
         for &(a, e) in iv.iter().filter(|(a, e)| a < e) {
@@ -1159,6 +1183,31 @@ mod tests {
 
     fn req(bytes: u64, freed_at: Option<u32>, wraps_to: Option<u32>) -> Request {
         Request { bytes, freed_at, wraps_to }
+    }
+
+    #[test]
+    fn the_tree_s_packed_fit_is_best_fit_of_what_overlaps() {
+        let mut next = xorshift(0x2545_f491_4f6c_dd1d);
+        for round in 0..200 {
+            let n = 8 + next(120) as u32;
+            let mut placed = Placed::new(n, n as usize);
+            // Offsets in whole ALIGNs, or (every fourth round) not.
+            let unit = if round % 4 == 3 { 1 } else { ALIGN };
+            for k in 0..n {
+                let t0 = next(u64::from(n)) as u32;
+                let t1 = (t0 + 1 + next(20) as u32).min(n);
+                let off = next(400) * unit;
+                let end = off + (1 + next(40)) * unit;
+                let mut scratch = Vec::new();
+                let size = (1 + next(30)) * unit;
+                let iv = [(t0, t1)];
+                let got = placed.fit(&iv, size, &mut scratch);
+                let mut found = Vec::new();
+                placed.overlapping(&iv, &mut found);
+                assert_eq!(got, best_fit(&mut found, size), "round {round}, request {k}");
+                placed.keep(k, &iv, off, end);
+            }
+        }
     }
 
     #[test]
