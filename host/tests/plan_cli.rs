@@ -412,6 +412,34 @@ fn a_step_that_leaves_its_plan_stitches_its_large_tensors_from_the_arena_s_free_
     assert_eq!(u(&planned, "ooms"), 0, "{planned}");
 }
 
+/// The same loop's next run: its plan cache says the steps are unsteady,
+/// so planning stays off and the run is `defrag`'s, but its dynamic path
+/// grows to the mark the learning run reserved in chunks that double, and
+/// later growths take their spare pages: `defrag`'s peak in 6–7 device
+/// calls (the learning run and `defrag` 101, PyTorch 100).
+#[test]
+fn a_warm_run_of_unsteady_steps_makes_fewer_device_calls_than_pytorch() {
+    let trace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/qwen2-small-varseq-kept-accum3.jsonl.gz");
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("plans.json");
+    let run = |policy: &str, cache: Option<&Path>| {
+        let mut cmd = wasmem();
+        cmd.args(["replay", "--json", "--policy", policy]).arg(&trace);
+        if let Some(c) = cache {
+            cmd.arg("--plan-cache").arg(c);
+        }
+        json_lines(&mut cmd).remove(0)
+    };
+    let (defrag, pytorch) = (run("defrag", None), run("pytorch", None));
+    let cold = run("planned", Some(&cache));
+    assert!(std::fs::read_to_string(&cache).unwrap().contains("\"unsteady\":true"));
+    let warm = run("planned", Some(&cache));
+    assert_eq!(u(&warm, "plan_hits"), 0, "{warm}");
+    assert_eq!(u(&warm, "peak_reserved_bytes"), u(&defrag, "peak_reserved_bytes"), "{warm}");
+    let calls = u(&warm, "device_alloc_calls");
+    assert!(calls < u(&pytorch, "device_alloc_calls") && calls * 4 <= u(&cold, "device_alloc_calls"), "{warm}");
+}
+
 /// A loop that keeps its outputs and evaluates two batches every fifth step
 /// (`tests/data/qwen2-small-kept-eval5.jsonl.gz`: `scripts/record-meta.py
 /// qwen2-small 12 OUT --keep-outputs --eval-every 5 --eval-batches 2

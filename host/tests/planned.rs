@@ -2020,6 +2020,9 @@ fn accumulated_micro_batches_of_drawn_lengths_turn_planning_off() {
     let (warm, per) = run(&steps, "planned", Some(&path));
     assert!(per.iter().all(|d| d.plan_hits == 0), "{per:?}");
     assert_eq!(warm.bytes.peak_reserved_bytes, defrag.bytes.peak_reserved_bytes, "{warm:?}");
+    // (It grows to the cache's mark in chunks that double: 5 device calls
+    // against `defrag`'s 23 and the learning run's 45.)
+    assert!(warm.device_alloc_calls * 3 <= defrag.device_alloc_calls, "{warm:?}");
     // A steady loop of the same shape stays planned.
     let steady: Vec<Vec<Req>> = (0..8).map(|_| accumulated_step(6, 512, 1024)).collect();
     let (s, per) = run(&steady, "planned", None);
@@ -2792,4 +2795,38 @@ fn the_plan_cache_holds_the_run_s_high_water_mark_not_the_one_at_its_last_write(
     let (cold, _) = run_steps(&steps, "planned", Some(&path), &[]);
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     assert_eq!(v["high_water"].as_u64(), Some(cold.bytes.peak_reserved_bytes), "{cold:?}");
+}
+
+#[test]
+fn a_warm_run_of_a_training_no_plan_served_grows_to_the_cache_s_mark_in_few_calls() {
+    // Steps that never repeat (each one larger): plans are learned, none
+    // serves, and the plan cache says so. The next run's dynamic path
+    // reserves what the first one did: it grows to the cache's mark in
+    // chunks that double, and its later growths take their spare pages
+    // (reclamation sees them as in use: no trim reorders the pages), so
+    // the same peak with half the device calls or fewer.
+    let steps: Vec<Vec<Req>> = (0..8u64).map(|k| training_step(6, (3 + k) * MIB + k * 7 * KIB)).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plans.json");
+    let (cold, per) = run_steps(&steps, "planned", Some(&path), &[]);
+    assert!(per.iter().all(|d| d.plan_hits == 0), "{per:?}");
+    assert!(std::fs::read_to_string(&path).unwrap().contains("\"dynamic\":true"));
+    for _ in 0..2 {
+        let (warm, per) = run_steps(&steps, "planned", Some(&path), &[]);
+        assert!(per.iter().all(|d| d.plan_hits == 0), "{per:?}");
+        assert_eq!(warm.bytes.peak_reserved_bytes, cold.bytes.peak_reserved_bytes, "{warm:?}");
+        assert!(
+            warm.device_alloc_calls * 2 <= cold.device_alloc_calls,
+            "{} against {}",
+            warm.device_alloc_calls,
+            cold.device_alloc_calls
+        );
+    }
+    // A training a plan serves says nothing of the kind: its warm run's
+    // dynamic path grows as it needs.
+    let steady: Vec<Vec<Req>> = (0..4).map(|_| training_step(6, 3 * MIB)).collect();
+    let path = dir.path().join("steady.json");
+    let (_, per) = run_steps(&steady, "planned", Some(&path), &[]);
+    assert!(per.iter().any(|d| d.plan_hits > 0), "{per:?}");
+    assert!(!std::fs::read_to_string(&path).unwrap().contains("dynamic"));
 }

@@ -746,6 +746,12 @@ impl<D: Device> Allocator<D> {
         for p in self.arena.pools.iter().filter(|p| p.planned) {
             ctx.allocated_bytes += p.gauges.reserved_bytes.saturating_sub(p.gauges.allocated_bytes);
         }
+        // Likewise the spare pages of a run growing to its plan cache's
+        // mark (`Allocator::warm_slack`): the run will use them, and a
+        // trim they made look due would only reorder its pages.
+        if self.planning.as_ref().is_some_and(|p| p.grows_to_mark(self.stats.plan_hits)) {
+            ctx.allocated_bytes = (ctx.allocated_bytes + self.spare_bytes()).min(ctx.reserved_bytes);
+        }
         let pools = &self.arena.pools;
         let (mut d, _) = self
             .policies

@@ -308,10 +308,13 @@ impl<D: Device> Allocator<D> {
             TensorKind::Other if self.stats.frees == 0 => Some(LOADING_SLACK),
             _ => None,
         };
-        let slack = share.map_or(0, |d| {
+        let mut slack = share.map_or(0, |d| {
             let room = self.stats.bytes.reserved_bytes / d / page.max(1);
             GROWTH_PAGES.saturating_sub(fresh).min(room)
         });
+        if fresh > 0 && !planned && self.device.maps_parts() {
+            slack = slack.max(self.warm_slack(fresh, page));
+        }
         if slack > 0 {
             match self.create_pages_with(pages, slack, page) {
                 Err(DeviceError::OutOfMemory { .. }) => {}
@@ -319,6 +322,24 @@ impl<D: Device> Allocator<D> {
             }
         }
         self.create_pages_with(pages, 0, page)
+    }
+
+    /// Extra pages for a fresh chunk of `fresh` pages in a run whose plan
+    /// cache says its dynamic path reserved the cache's high-water mark
+    /// (`Planning::grows_to_mark`: steps unsteady, or no plan served): this
+    /// run's same dynamic path reaches it too, so growing up to it raises
+    /// no peak, and the run's later growths are served by spare pages
+    /// without device calls. At most the bytes reserved so far (the chunks
+    /// double: a cache of a larger training costs this one at most what it
+    /// holds), to the mark, not beyond.
+    fn warm_slack(&self, fresh: u64, page: u64) -> u64 {
+        let hits = self.stats.plan_hits;
+        let Some(mark) = self.planning.as_ref().filter(|p| p.grows_to_mark(hits)).map(|p| p.cached_mark()) else {
+            return 0;
+        };
+        let reserved = self.stats.bytes.reserved_bytes;
+        let room = mark.saturating_sub(reserved.saturating_add(fresh.saturating_mul(page))) / page.max(1);
+        room.min((reserved / page.max(1)).max(GROWTH_PAGES))
     }
 
     /// [`Allocator::create_pages`] with `extra` more pages in the fresh

@@ -65,6 +65,10 @@ struct Header {
     /// its plan raised the peak): the next run does not plan.
     #[serde(default)]
     unsteady: bool,
+    /// No plan served the run that wrote it: its high-water mark is its
+    /// dynamic path's (absent: false).
+    #[serde(default)]
+    dynamic: bool,
     /// Plans in the file: the first-step plan (when there is one) then the others.
     plans: Vec<PlanFile>,
 }
@@ -165,6 +169,10 @@ pub(crate) struct CacheContent {
     /// The run that wrote it found the training's steps unsteady (it then
     /// holds no plan): planned placement stays off in the next one.
     pub unsteady: bool,
+    /// No plan served the run that wrote it (its `high_water` is what its
+    /// dynamic path reserved): the next run's dynamic path may grow to it
+    /// in large chunks until a plan serves.
+    pub dynamic: bool,
 }
 
 /// What a valid plan cache holds ([`check_plan_cache`]).
@@ -232,8 +240,13 @@ impl CacheContent {
         if !(1..=2).contains(&h.period) {
             return Err(err(format!("field `period` is {}; it is 1 or 2", h.period)));
         }
-        let mut out =
-            CacheContent { high_water: h.high_water, period: h.period, unsteady: h.unsteady, ..Default::default() };
+        let mut out = CacheContent {
+            high_water: h.high_water,
+            period: h.period,
+            unsteady: h.unsteady,
+            dynamic: h.dynamic,
+            ..Default::default()
+        };
         for (i, f) in h.plans.into_iter().enumerate() {
             let at = |m: String| err(format!("plans[{i}]: {m}"));
             let (requests, offsets) = f
@@ -320,6 +333,9 @@ impl CacheContent {
         if self.unsteady {
             header["unsteady"] = true.into();
         }
+        if self.dynamic {
+            header["dynamic"] = true.into();
+        }
         let header = header.to_string();
         // `{...,"plans":[` with the header's fields first.
         write!(out, "{},\"plans\":[", &header[..header.len() - 1])?;
@@ -377,7 +393,14 @@ mod tests {
             zone: 0,
             searched: 0,
         };
-        CacheContent { high_water: 1 << 30, period: 2, first: Some(first), plans: vec![steady], unsteady: false }
+        CacheContent {
+            high_water: 1 << 30,
+            period: 2,
+            first: Some(first),
+            plans: vec![steady],
+            unsteady: false,
+            dynamic: false,
+        }
     }
 
     #[test]
@@ -414,7 +437,14 @@ mod tests {
             zone: 2 * mib,
             searched: 0,
         };
-        CacheContent { high_water: 1 << 30, period: 2, first: Some(first), plans: vec![pair], unsteady: false }
+        CacheContent {
+            high_water: 1 << 30,
+            period: 2,
+            first: Some(first),
+            plans: vec![pair],
+            unsteady: false,
+            dynamic: false,
+        }
     }
 
     #[test]
@@ -466,6 +496,23 @@ mod tests {
         // A steady cache does not write the field.
         sample().write(&path).unwrap();
         assert!(!std::fs::read_to_string(&path).unwrap().contains("unsteady"));
+    }
+
+    #[test]
+    fn a_dynamic_mark_reads_back_and_is_absent_otherwise() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plans.json");
+        let c = CacheContent { dynamic: true, ..sample() };
+        c.write(&path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("\"dynamic\":true"), "{text}");
+        assert_eq!(CacheContent::read(&path, 1 << 40, 1 << 21).unwrap().unwrap(), c);
+        // Not written when false; a file without it (written before it
+        // existed) reads as false.
+        sample().write(&path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains("dynamic"), "{text}");
+        assert!(!CacheContent::read(&path, 1 << 40, 1 << 21).unwrap().unwrap().dynamic);
     }
 
     #[test]

@@ -341,6 +341,9 @@ struct CacheState {
     write_failed: bool,
     /// The file was written in this run.
     written: bool,
+    /// The last write said no plan served this run
+    /// ([`CacheContent::dynamic`]).
+    written_dynamic: bool,
 }
 
 /// Most calls to [`PlannerPolicy::refine`] for one plan in a run: a
@@ -722,6 +725,11 @@ pub(crate) struct Planning {
     /// [`Allocator::suspend_if_unsteady`]), or the plan cache says an
     /// earlier run of this training found so.
     suspended: bool,
+    /// The plan cache said so (at load).
+    unsteady_cache: bool,
+    /// The plan cache said no plan served the run that wrote it
+    /// ([`CacheContent::dynamic`]).
+    dynamic_cache: bool,
     /// This step's forward passes (phase marks), by the largest request
     /// each allocated: a step's shapes ([`Planning::note_shapes`]).
     forwards: Vec<u64>,
@@ -801,6 +809,21 @@ impl Planning {
         self.active.is_some()
     }
 
+    /// Whether the dynamic path may grow to the plan cache's high-water
+    /// mark ([`Planning::cached_mark`]) in large chunks: the cache said the
+    /// steps are unsteady (planned placement is off for this run), or that
+    /// no plan served the run that wrote it and none has served this one
+    /// (`hits`) nor holds an arena: the mark is what the same dynamic path
+    /// reserved.
+    pub(super) fn grows_to_mark(&self, hits: u64) -> bool {
+        (self.unsteady_cache && self.suspended) || (self.dynamic_cache && hits == 0 && self.arenas.is_empty())
+    }
+
+    /// The high-water mark of reserved bytes the plan cache recorded.
+    pub(super) fn cached_mark(&self) -> u64 {
+        self.cached_high_water
+    }
+
     pub(crate) fn new(planner: Box<dyn PlannerPolicy>) -> Self {
         let detector = planner.steps_by_period().then(Box::default);
         Planning {
@@ -858,6 +881,8 @@ impl Planning {
             run_peaks: (0, 0),
             last_left: None,
             suspended: false,
+            unsteady_cache: false,
+            dynamic_cache: false,
             forwards: Vec::new(),
             first_forward: None,
             in_forward: false,
@@ -1166,7 +1191,8 @@ impl Planning {
 
     /// The cache's content now: the first-step plan and the other plans,
     /// with their own offsets.
-    fn cache_content(&self) -> Option<CacheContent> {
+    /// `hits`: requests plans served in this run.
+    fn cache_content(&self, hits: u64) -> Option<CacheContent> {
         let c = self.cache.as_ref()?;
         if self.suspended {
             // No plan: the next run of this training stays dynamic too.
@@ -1182,7 +1208,8 @@ impl Planning {
         let served = self.plans.iter().any(|p| p.from_cache && p.used);
         let high_water = if served { self.high_water.max(self.cached_high_water) } else { self.high_water };
         let first = c.first.clone().map(|f| fitted_first(f, &plans));
-        Some(CacheContent { high_water, period: self.period, first, plans, unsteady: false })
+        let dynamic = hits == 0;
+        Some(CacheContent { high_water, period: self.period, first, plans, unsteady: false, dynamic })
     }
 
     /// At the end of the step after a run's first one, when the first
@@ -1988,6 +2015,12 @@ impl<D: Device> Allocator<D> {
                 c.dirty = true;
             }
         }
+        if self.stats.plan_hits > 0 {
+            // A plan served: the file no longer says none did.
+            if let Some(c) = p.cache.as_mut().filter(|c| c.written_dynamic) {
+                c.dirty = true;
+            }
+        }
         p.note_shapes();
         let mut pair_seen = false;
         if p.period > 1 && p.steps > 0 {
@@ -2319,10 +2352,11 @@ impl<D: Device> Allocator<D> {
             c.first = plan.map(|plan| CachedPlan { profile, plan, persistent, zone: 0, searched: 0 });
         }
         let p = self.planning.as_mut().expect("planning is on");
-        let content = p.cache_content().expect("a cache");
+        let content = p.cache_content(self.stats.plan_hits).expect("a cache");
         let c = p.cache.as_mut().expect("checked");
         c.dirty = false;
         c.written = true;
+        c.written_dynamic = content.dynamic;
         match content.write(&c.path) {
             Ok(()) => tracing::debug!(path = %c.path.display(), plans = content.plans.len(), "plan cache written"),
             Err(e) if !c.write_failed => {
@@ -2796,6 +2830,7 @@ impl<D: Device> Allocator<D> {
             dirty: false,
             write_failed: false,
             written: false,
+            written_dynamic: false,
         }));
         let Some(mut content) = content else { return Ok(0) };
         if content.unsteady {
@@ -2806,6 +2841,7 @@ impl<D: Device> Allocator<D> {
             );
             p.forget_plans();
             p.suspended = true;
+            p.unsteady_cache = true;
             p.cached_high_water = content.high_water;
             return Ok(0);
         }
@@ -2828,6 +2864,7 @@ impl<D: Device> Allocator<D> {
         }
         p.forget_plans();
         p.cached_high_water = content.high_water;
+        p.dynamic_cache = content.dynamic;
         p.period = content.period.max(1);
         p.mid = false;
         // Room at the end of the arena for what the steady plans leave
