@@ -412,11 +412,12 @@ fn a_step_that_leaves_its_plan_stitches_its_large_tensors_from_the_arena_s_free_
     assert_eq!(u(&planned, "ooms"), 0, "{planned}");
 }
 
-/// The same loop's next run: its plan cache says the steps are unsteady,
-/// so planning stays off and the run is `defrag`'s, but its dynamic path
-/// grows to the mark the learning run reserved in chunks that double, and
-/// later growths take their spare pages: `defrag`'s peak in 6–7 device
-/// calls (the learning run and `defrag` 101, PyTorch 100).
+/// The same loop's next runs: the plan cache says the steps are unsteady,
+/// so planning stays off and each run is `defrag`'s. The second run's mark
+/// is the dynamic path's alone (the learning run's held what its plans
+/// did) and the cache says so: the third run grows to it in chunks that
+/// double, and later growths take their spare pages: `defrag`'s peak in
+/// 6–7 device calls (the learning run and `defrag` 101, PyTorch 100).
 #[test]
 fn a_warm_run_of_unsteady_steps_makes_fewer_device_calls_than_pytorch() {
     let trace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/qwen2-small-varseq-kept-accum3.jsonl.gz");
@@ -433,6 +434,9 @@ fn a_warm_run_of_unsteady_steps_makes_fewer_device_calls_than_pytorch() {
     let (defrag, pytorch) = (run("defrag", None), run("pytorch", None));
     let cold = run("planned", Some(&cache));
     assert!(std::fs::read_to_string(&cache).unwrap().contains("\"unsteady\":true"));
+    let second = run("planned", Some(&cache));
+    assert_eq!(u(&second, "device_alloc_calls"), u(&defrag, "device_alloc_calls"), "{second}");
+    assert!(std::fs::read_to_string(&cache).unwrap().contains("\"dynamic\":true"));
     let warm = run("planned", Some(&cache));
     assert_eq!(u(&warm, "plan_hits"), 0, "{warm}");
     assert_eq!(u(&warm, "peak_reserved_bytes"), u(&defrag, "peak_reserved_bytes"), "{warm}");

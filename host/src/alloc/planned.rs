@@ -725,11 +725,11 @@ pub(crate) struct Planning {
     /// [`Allocator::suspend_if_unsteady`]), or the plan cache says an
     /// earlier run of this training found so.
     suspended: bool,
-    /// The plan cache said so (at load).
-    unsteady_cache: bool,
-    /// The plan cache said no plan served the run that wrote it
-    /// ([`CacheContent::dynamic`]).
+    /// The plan cache said its high-water mark is the dynamic path's
+    /// alone ([`CacheContent::dynamic`]).
     dynamic_cache: bool,
+    /// An arena was made in this run.
+    arena_mapped: bool,
     /// This step's forward passes (phase marks), by the largest request
     /// each allocated: a step's shapes ([`Planning::note_shapes`]).
     forwards: Vec<u64>,
@@ -811,12 +811,12 @@ impl Planning {
 
     /// Whether the dynamic path may grow to the plan cache's high-water
     /// mark ([`Planning::cached_mark`]) in large chunks: the cache said the
-    /// steps are unsteady (planned placement is off for this run), or that
-    /// no plan served the run that wrote it and none has served this one
-    /// (`hits`) nor holds an arena: the mark is what the same dynamic path
-    /// reserved.
+    /// mark is what the dynamic path alone reserved (no plan served the run
+    /// that wrote it, and it made no arena), and in this run no plan has
+    /// served (`hits`) nor holds an arena: the same dynamic path reaches
+    /// the mark again.
     pub(super) fn grows_to_mark(&self, hits: u64) -> bool {
-        (self.unsteady_cache && self.suspended) || (self.dynamic_cache && hits == 0 && self.arenas.is_empty())
+        self.dynamic_cache && hits == 0 && self.arenas.is_empty()
     }
 
     /// The high-water mark of reserved bytes the plan cache recorded.
@@ -881,8 +881,8 @@ impl Planning {
             run_peaks: (0, 0),
             last_left: None,
             suspended: false,
-            unsteady_cache: false,
             dynamic_cache: false,
+            arena_mapped: false,
             forwards: Vec::new(),
             first_forward: None,
             in_forward: false,
@@ -1194,10 +1194,21 @@ impl Planning {
     /// `hits`: requests plans served in this run.
     fn cache_content(&self, hits: u64) -> Option<CacheContent> {
         let c = self.cache.as_ref()?;
+        // The run's mark is its dynamic path's alone: no plan served, no
+        // arena held memory.
+        let dynamic = hits == 0 && !self.arena_mapped;
         if self.suspended {
-            // No plan: the next run of this training stays dynamic too.
-            let high_water = self.high_water.max(self.cached_high_water);
-            return Some(CacheContent { high_water, period: self.period, unsteady: true, ..Default::default() });
+            // No plan: the next run of this training stays dynamic too. A
+            // run that was dynamic throughout tells its own mark (the one
+            // it read may hold a raise that plans left earlier).
+            let high_water = if dynamic { self.high_water } else { self.high_water.max(self.cached_high_water) };
+            return Some(CacheContent {
+                high_water,
+                period: self.period,
+                unsteady: true,
+                dynamic,
+                ..Default::default()
+            });
         }
         // Cached plans no step of this run used are of another training.
         let kept = |p: &&StoredPlan| !p.first_only && (p.used || !p.from_cache);
@@ -1208,7 +1219,6 @@ impl Planning {
         let served = self.plans.iter().any(|p| p.from_cache && p.used);
         let high_water = if served { self.high_water.max(self.cached_high_water) } else { self.high_water };
         let first = c.first.clone().map(|f| fitted_first(f, &plans));
-        let dynamic = hits == 0;
         Some(CacheContent { high_water, period: self.period, first, plans, unsteady: false, dynamic })
     }
 
@@ -1773,7 +1783,9 @@ impl<D: Device> Allocator<D> {
             },
         };
         let Some(arena) = made else { return Ok(false) };
-        self.planning.as_mut().expect("planning is on").arenas.push(arena);
+        let p = self.planning.as_mut().expect("planning is on");
+        p.arenas.push(arena);
+        p.arena_mapped = true;
         Ok(true)
     }
 
@@ -2015,8 +2027,9 @@ impl<D: Device> Allocator<D> {
                 c.dirty = true;
             }
         }
-        if self.stats.plan_hits > 0 {
-            // A plan served: the file no longer says none did.
+        if self.stats.plan_hits > 0 || p.arena_mapped {
+            // A plan served, or an arena holds memory: the file no longer
+            // says the mark is the dynamic path's alone.
             if let Some(c) = p.cache.as_mut().filter(|c| c.written_dynamic) {
                 c.dirty = true;
             }
@@ -2841,8 +2854,14 @@ impl<D: Device> Allocator<D> {
             );
             p.forget_plans();
             p.suspended = true;
-            p.unsteady_cache = true;
             p.cached_high_water = content.high_water;
+            p.dynamic_cache = content.dynamic;
+            // This run is the dynamic path's alone: the file is to say so,
+            // with its own mark (the one read may hold a raise that plans
+            // left in an earlier run).
+            if let Some(c) = p.cache.as_mut().filter(|_| !content.dynamic) {
+                c.dirty = true;
+            }
             return Ok(0);
         }
         let aliased = content.plans.iter().any(|c| c.zone > 0);
@@ -3046,7 +3065,9 @@ impl<D: Device> Allocator<D> {
                 None => self.new_arena(want)?,
             };
             let Some(arena) = made else { return Ok(false) };
-            self.planning.as_mut().expect("planning is on").arenas.push(arena);
+            let p = self.planning.as_mut().expect("planning is on");
+            p.arenas.push(arena);
+            p.arena_mapped = true;
         }
         let p = self.planning.as_mut().expect("planning is on");
         p.trim_pending = true;
