@@ -286,6 +286,9 @@ print(json.dumps(figures))
 """))
     assert figures["unsteady"] is True and figures["plans"] == 0, figures
     assert '"unsteady":true' in cache.read_text()
+    # (Plans served the planning run or held an arena before planning went
+    # off: its mark is not the dynamic path's alone; the file does not say so.)
+    assert figures["dynamic"] is False and '"dynamic"' not in cache.read_text(), figures
 
 
 def test_plan_ahead_refuses_what_cannot_plan(tmp_path):

@@ -234,6 +234,7 @@ pub fn plan(handle: i64, options: &str) -> Result<Value, Failure> {
         "steady_plans": cached.steady,
         "period": cached.period,
         "unsteady": cached.unsteady,
+        "dynamic": cached.dynamic,
         "steps": m.steps,
         "plan_arena_bytes": m.plan_arena_bytes,
         "plan_refused": m.plan_refused,

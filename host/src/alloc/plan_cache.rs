@@ -187,6 +187,10 @@ pub struct CacheSummary {
     /// A run of this training found its steps unsteady: the next run does
     /// not plan (the file holds no plan).
     pub unsteady: bool,
+    /// Its high-water mark is what the dynamic path alone reserved
+    /// ([`CacheContent::dynamic`]): the next run's dynamic path grows to it
+    /// in few device calls until a plan serves.
+    pub dynamic: bool,
 }
 
 /// Reads and validates the plan cache at `path` as a run on a device of
@@ -199,6 +203,7 @@ pub fn check_plan_cache(path: &Path, capacity: u64, granularity: u64) -> Result<
         steady: c.plans.len(),
         period: c.period.max(1),
         unsteady: c.unsteady,
+        dynamic: c.dynamic,
     }))
 }
 
@@ -492,7 +497,7 @@ mod tests {
         assert!(text.contains("\"unsteady\":true") && text.contains("\"plans\":[]"), "{text}");
         assert_eq!(CacheContent::read(&path, 1 << 40, 1 << 21).unwrap().unwrap(), c);
         let summary = check_plan_cache(&path, 1 << 40, 1 << 21).unwrap().unwrap();
-        assert_eq!(summary, CacheSummary { first_step: false, steady: 0, period: 1, unsteady: true });
+        assert_eq!(summary, CacheSummary { first_step: false, steady: 0, period: 1, unsteady: true, dynamic: false });
         // A steady cache does not write the field.
         sample().write(&path).unwrap();
         assert!(!std::fs::read_to_string(&path).unwrap().contains("unsteady"));
@@ -507,6 +512,7 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains("\"dynamic\":true"), "{text}");
         assert_eq!(CacheContent::read(&path, 1 << 40, 1 << 21).unwrap().unwrap(), c);
+        assert!(check_plan_cache(&path, 1 << 40, 1 << 21).unwrap().unwrap().dynamic);
         // Not written when false; a file without it (written before it
         // existed) reads as false.
         sample().write(&path).unwrap();

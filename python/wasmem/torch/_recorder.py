@@ -214,7 +214,9 @@ class Recorder:
         ``steady_plans`` — none: the steps after the first learn on the
         device —, ``period``, ``unsteady`` — true: steps that start alike
         differ later, the file holds no plan and the live run stays
-        dynamic —, and the planning run's metrics: ``plan_refused``,
+        dynamic —, ``dynamic`` — true: no plan served the planning run, and
+        the live run's dynamic path grows to its reserved bytes in a few
+        device calls until a plan serves —, and the planning run's metrics: ``plan_refused``,
         ``plan_arena_bytes``, ``peak_live_bytes`` …, of a run that learns
         on the device as one without a cache does) and ``first_run``: the
         figures of the recording replayed again from the cache written, as
