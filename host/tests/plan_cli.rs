@@ -444,6 +444,31 @@ fn a_warm_run_of_unsteady_steps_makes_fewer_device_calls_than_pytorch() {
     assert!(calls < u(&pytorch, "device_alloc_calls") && calls * 4 <= u(&cold, "device_alloc_calls"), "{warm}");
 }
 
+/// A checkpointed T5 loop that keeps its outputs and evaluates every fifth
+/// step (`tests/data/t5-small-ckpt-kept-eval5.jsonl.gz`), run three times
+/// with one plan cache. The second run learned a first-step plan but ran its
+/// own first step on the dynamic path, and wrote its own (lower) mark as the
+/// allowance, since the cached plan it chose was gone from its plans by
+/// then: the third run refused the arena that plan needs (two pages over)
+/// and stayed dynamic, at the learning run's peak (1.00878). A run that
+/// chose a cached plan keeps the allowance of the run before.
+#[test]
+fn a_third_run_keeps_the_allowance_of_the_runs_before() {
+    let trace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/t5-small-ckpt-kept-eval5.jsonl.gz");
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("plans.json");
+    let run = || {
+        let mut cmd = wasmem();
+        cmd.args(["replay", "--json", "--policy", "planned", "--plan-cache"]).arg(&cache).arg(&trace);
+        json_lines(&mut cmd).remove(0)
+    };
+    let runs: Vec<Value> = (0..3).map(|_| run()).collect();
+    let peak = |r: &Value| u(r, "peak_reserved_bytes");
+    assert!(peak(&runs[2]) < peak(&runs[0]), "{} against {}", runs[2], runs[0]);
+    assert_eq!(u(&runs[2], "plan_refused"), 0, "{}", runs[2]);
+    assert!(u(&runs[2], "plan_hits") > 0, "{}", runs[2]);
+}
+
 /// A loop that keeps its outputs and evaluates two batches every fifth step
 /// (`tests/data/qwen2-small-kept-eval5.jsonl.gz`: `scripts/record-meta.py
 /// qwen2-small 12 OUT --keep-outputs --eval-every 5 --eval-batches 2

@@ -730,6 +730,9 @@ pub(crate) struct Planning {
     dynamic_cache: bool,
     /// An arena was made in this run.
     arena_mapped: bool,
+    /// A plan read from the cache was chosen in this run (sticky: the plan
+    /// may be gone since).
+    cached_served: bool,
     /// This step's forward passes (phase marks), by the largest request
     /// each allocated: a step's shapes ([`Planning::note_shapes`]).
     forwards: Vec<u64>,
@@ -883,6 +886,7 @@ impl Planning {
             suspended: false,
             dynamic_cache: false,
             arena_mapped: false,
+            cached_served: false,
             forwards: Vec::new(),
             first_forward: None,
             in_forward: false,
@@ -1101,6 +1105,9 @@ impl Planning {
         self.matched.clear();
         if let Some(i) = self.active {
             self.plans[i].last_used = self.steps;
+            if self.plans[i].from_cache && !self.left_first {
+                self.cached_served = true;
+            }
             if !std::mem::replace(&mut self.plans[i].used, true) && self.plans[i].from_cache {
                 // A cached plan serves this run: if the file was rewritten
                 // without it (it was not used yet), it goes back at this step's end.
@@ -1216,7 +1223,7 @@ impl Planning {
             self.plans.iter().filter(kept).filter_map(|p| p.cached.as_deref().cloned()).collect();
         // The allowance of the run that made the cached plans stays while
         // they serve (a run served by them reserves less than it did).
-        let served = self.plans.iter().any(|p| p.from_cache && p.used);
+        let served = (self.cached_served && !self.left_first) || self.plans.iter().any(|p| p.from_cache && p.used);
         let high_water = if served { self.high_water.max(self.cached_high_water) } else { self.high_water };
         let first = c.first.clone().map(|f| fitted_first(f, &plans));
         Some(CacheContent { high_water, period: self.period, first, plans, unsteady: false, dynamic })
