@@ -2119,6 +2119,7 @@ impl<D: Device> Allocator<D> {
             replan = worth && !good,
             arena = self.stats.plan_arena_bytes,
             reserved = self.stats.bytes.reserved_bytes,
+            device_allocs = self.stats.device_alloc_calls,
             "planned step end"
         );
         // A plan like one whose arena was refused would be refused too.
