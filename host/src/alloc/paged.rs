@@ -73,6 +73,7 @@ use super::{ActionKind, AllocError, Allocator};
 use crate::decision::AllocRequest;
 use crate::device::{Device, DeviceError, DevicePtr, PhysHandle};
 use crate::types::{StreamId, TensorKind};
+use std::collections::VecDeque;
 
 /// One page of paged memory: a granule of a physical allocation (a
 /// *chunk*, made for one growth: one device call for all its pages) from
@@ -99,8 +100,9 @@ pub(crate) struct Chunk {
 /// The pages of one paged segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PagedSeg {
-    /// Page `i` is mapped at `segment.base + i × page`.
-    pub pages: Vec<Page>,
+    /// Page `i` is mapped at `segment.base + i × page` (a deque: a carve
+    /// keeps the larger side of the run in place and copies the smaller).
+    pub pages: VecDeque<Page>,
     /// The reservation the segment lies in (key of `Allocator::reservations`).
     pub resv: DevicePtr,
     /// Bytes of address space right after the segment's end, inside its
@@ -490,7 +492,7 @@ impl<D: Device> Allocator<D> {
         match self.map_pages(&pages, page, room) {
             Ok(va) => {
                 self.stats.paged_segments += 1;
-                Ok((va, PagedSeg { pages, resv: va, room }))
+                Ok((va, PagedSeg { pages: pages.into(), resv: va, room }))
             }
             Err(e) => {
                 self.release_pages(&pages)?;
@@ -503,12 +505,12 @@ impl<D: Device> Allocator<D> {
     /// Unmaps and gives back a paged segment's pages (the segment itself is
     /// removed by the caller, which settles the spare pages after its
     /// gauges); releases the reservation when it was the last segment in it.
-    pub(super) fn release_paged(&mut self, seg: &Segment, ps: PagedSeg) -> Result<(), AllocError> {
+    pub(super) fn release_paged(&mut self, seg: &Segment, mut ps: PagedSeg) -> Result<(), AllocError> {
         let page = self.device.granularity();
         for i in 0..ps.pages.len() {
             self.device.unmap(seg.base + i as u64 * page)?;
         }
-        self.release_pages(&ps.pages)?;
+        self.release_pages(ps.pages.make_contiguous())?;
         self.drop_resv_ref(ps.resv)?;
         Ok(())
     }
@@ -582,10 +584,21 @@ impl<D: Device> Allocator<D> {
         let run = PageRunIdx { first: first_page, count: run.count };
         let pool = seg.pool as usize;
         let ps = self.paging.segs.remove(&s).expect("carve is called on paged segments");
-        // The pages before the run, the run, the pages after it.
-        let mut before = ps.pages;
-        let after = before.split_off((run.first + run.count) as usize);
-        let taken = before.split_off(run.first as usize);
+        // The pages before the run, the run, the pages after it: the larger
+        // of the two sides stays where it is, the other and the run are
+        // moved out (a segment of thousands of pages is carved page by
+        // page).
+        let mut pages = ps.pages;
+        let (first, end) = (run.first as usize, (run.first + run.count) as usize);
+        let (before, taken, after) = if first >= pages.len() - end {
+            let after = pages.split_off(end);
+            let taken: Vec<Page> = pages.drain(first..).collect();
+            (pages, taken, after)
+        } else {
+            let before: VecDeque<Page> = pages.drain(..first).collect();
+            let taken: Vec<Page> = pages.drain(..end - first).collect();
+            (before, taken, pages)
+        };
         let (lo, hi) = (run.first * page, (run.first + run.count) * page);
         debug_assert!(b0.is_free() && b0.offset <= lo && hi <= b0.offset + b0.size);
         self.arena.pools[pool].free.remove(&(seg.stream, b0.size, seg.base + b0.offset, blk));
@@ -756,7 +769,7 @@ impl<D: Device> Allocator<D> {
         let block =
             self.arena.blocks.insert(Block { segment: seg, offset: 0, size, prev: NIL, next: NIL, tensor: NIL });
         self.arena.segments.get_mut(seg).first = block;
-        self.paging.segs.insert(seg, PagedSeg { pages, resv: va, room });
+        self.paging.segs.insert(seg, PagedSeg { pages: pages.into(), resv: va, room });
         self.stats.bytes.add_reserved(size);
         self.arena.pools[pool as usize].gauges.add_reserved(size);
         self.stats.stitches += 1;

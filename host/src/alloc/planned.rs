@@ -4025,7 +4025,7 @@ impl<D: Device> Allocator<D> {
         self.arena.pools[pool as usize].gauges.add_live(live, allocated);
         self.arena.segments.get_mut(a.seg).pool = pool;
         self.paging.reservations.insert(seg.base, super::paged::Reservation { refs: 1, size });
-        self.paging.segs.insert(a.seg, super::paged::PagedSeg { pages, resv: seg.base, room: 0 });
+        self.paging.segs.insert(a.seg, super::paged::PagedSeg { pages: pages.into(), resv: seg.base, room: 0 });
         self.stats.plan_arena_bytes -= size;
         tracing::debug!(
             bytes = size,
@@ -4074,7 +4074,7 @@ impl<D: Device> Allocator<D> {
             let block =
                 self.arena.blocks.insert(Block { segment: seg, offset: 0, size, prev: NIL, next: NIL, tensor: NIL });
             self.arena.segments.get_mut(seg).first = block;
-            self.paging.segs.insert(seg, super::paged::PagedSeg { pages, resv, room: 0 });
+            self.paging.segs.insert(seg, super::paged::PagedSeg { pages: pages.into(), resv, room: 0 });
             self.arena.pools[pool as usize].free.insert((stream, size, base, block));
             self.stats.bytes.add_reserved(size);
             self.arena.pools[pool as usize].gauges.add_reserved(size);

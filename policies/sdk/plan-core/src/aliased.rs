@@ -372,6 +372,10 @@ fn smallest_gap(a: &[(u64, u64)], b: &[(u64, u64)], lo: u64, hi: u64, size: u64,
         let (off, end) = if next.0 >= hi { (hi, u64::MAX) } else { next };
         if off > top && off - top >= size && best.is_none_or(|(g, _)| off - top < g) {
             best = Some((off - top, if high { off - size } else { top }));
+            if off - top == size {
+                // No later gap is smaller (the first of the smallest wins).
+                return best;
+            }
         }
         top = top.max(end);
         if off >= hi {
@@ -441,6 +445,10 @@ fn place(
         let regions: &[(u64, u64)] = if it.crossing() { &[(0, zone), (arena - zone, arena)] } else { &[(0, arena)] };
         let mut best: Option<(u64, u64)> = None; // (gap, offset)
         for &(lo, hi) in regions {
+            if best.is_some_and(|(g, _)| g == it.size) {
+                // An exact gap: no region has a smaller one.
+                break;
+            }
             if let Some((gap, off)) = smallest_gap(&direct, &swapped, lo, hi, it.size, it.k >= late) {
                 if best.is_none_or(|(g, _)| gap < g) {
                     best = Some((gap, off));
