@@ -402,6 +402,9 @@ fn begin(requests: &[Request], effort: Effort) -> Begun {
     let whole = budget(reqs.len(), m, effort);
     let mut budget = whole;
     let peak = live_peak(reqs).1;
+    // Whether the placements after the first scan every placed block (see
+    // [`scans`]): the same plans, sooner.
+    let mut scan = false;
     let (at_peak, off_peak): (Vec<u32>, Vec<u32>) = plannable.clone().partition(|&k| {
         let (iv, m) = reqs[k as usize].intervals(k, n);
         iv[..m].iter().any(|&(a, e)| a <= peak && peak < e)
@@ -441,7 +444,11 @@ fn begin(requests: &[Request], effort: Effort) -> Begun {
                 order
             }
         };
-        let (plan, visits) = place_costed(reqs, &order);
+        let (plan, visits) =
+            if greedy.is_none() { place_costed(reqs, &order) } else { (place(reqs, &order, scan), None) };
+        if greedy.is_none() {
+            scan = scans(visits, m);
+        }
         if let Some(v) = visits.filter(|_| long && greedy.is_none()) {
             round = v.max(1);
         }
@@ -460,7 +467,7 @@ fn begin(requests: &[Request], effort: Effort) -> Begun {
         budget -= round;
         let mut order: Vec<u32> = plannable.clone().filter(|&k| sim.offsets[k as usize].is_some()).collect();
         order.sort_unstable_by_key(|&k| (sim.offsets[k as usize], k));
-        let plan = place(reqs, &order);
+        let plan = place(reqs, &order, scan);
         if cost(&plan) <= bound {
             return Begun::Planned(plan);
         }
@@ -471,7 +478,7 @@ fn begin(requests: &[Request], effort: Effort) -> Begun {
     let Some((g, order)) = greedy else { return Begun::Planned(sim) };
     // Later budgets (a [`Refiner`]'s): the whole budget in rounds.
     let per_budget = effort.rounds.min(whole / round);
-    let search = Search::new(reqs, order, g, bound, per_budget);
+    let search = Search::new(reqs, order, g, bound, per_budget, scan);
     Begun::Searching { sim, search, rounds: effort.rounds.min(budget / round) }
 }
 
@@ -532,13 +539,15 @@ struct Search {
     x: u64,
     /// Rounds in one whole budget (a later call's).
     per_budget: u64,
+    /// Whether its placements scan every placed block ([`scans`]).
+    scan: bool,
 }
 
 impl Search {
-    fn new(reqs: &[Request], order: Vec<u32>, best: Plan, bound: u64, per_budget: u64) -> Self {
+    fn new(reqs: &[Request], order: Vec<u32>, best: Plan, bound: u64, per_budget: u64, scan: bool) -> Self {
         let best_cost = (cost(reqs, &best), Self::excess(reqs, &best, bound));
         let trial = order.clone();
-        Search { order, trial, best, best_cost, bound, x: 0x9E37_79B9_7F4A_7C15, per_budget }
+        Search { order, trial, best, best_cost, bound, x: 0x9E37_79B9_7F4A_7C15, per_budget, scan }
     }
 
     /// Bytes of `p`'s blocks above `bound`.
@@ -576,7 +585,7 @@ impl Search {
                 let j = (i + 1 + self.next(16)).min(len - 1);
                 self.trial.swap(i, j);
             }
-            let plan = place(reqs, &self.trial);
+            let plan = place(reqs, &self.trial, self.scan);
             let c = (cost(reqs, &plan), Self::excess(reqs, &plan, self.bound));
             if c <= self.best_cost {
                 self.best_cost = c;
@@ -655,7 +664,7 @@ impl Refiner {
         if per_budget == 0 {
             return done;
         }
-        let mut search = Search::new(requests, order, start, bound, effort.rounds.min(per_budget));
+        let mut search = Search::new(requests, order, start, bound, effort.rounds.min(per_budget), scans(visits, m));
         // (splitmix64 of the calls: a nonzero xorshift state of its own.)
         let mut z = searched.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -748,13 +757,29 @@ pub fn greedy_by_size(requests: &[Request]) -> Plan {
         let r = &requests[k as usize];
         (core::cmp::Reverse(r.planned_bytes()), core::cmp::Reverse(r.lifetime(k, n)), k)
     });
-    place(requests, &order)
+    place(requests, &order, false)
 }
 
 /// Places the requests of `order` one by one, each at the best-fitting gap
-/// among the placed blocks whose lifetimes overlap its own.
-fn place(reqs: &[Request], order: &[u32]) -> Plan {
-    place_costed(reqs, order).0
+/// among the placed blocks whose lifetimes overlap its own; with `scan`
+/// (or in a step of at most [`SCAN_REQUESTS`]) by scanning every placed
+/// block ([`Scan`]), else with the segment tree ([`Placed`]): the same plan.
+fn place(reqs: &[Request], order: &[u32], scan: bool) -> Plan {
+    if scan {
+        place_with(reqs, order, &mut Scan::default())
+    } else {
+        place_costed(reqs, order).0
+    }
+}
+
+/// Whether the placements of a step whose placement of `m` planned
+/// requests cost `visits` ([`place_costed`]) are sooner done by scanning
+/// every placed block: when the segment tree's visits (in scan visits)
+/// were more than a scan's m²/2. Where most blocks live at once (a step
+/// of two like halves, each with activations live over most of it), the
+/// tree finds nearly every placed block in each query and then sorts them.
+fn scans(visits: Option<u64>, m: u64) -> bool {
+    visits.is_some_and(|v| v > m.saturating_mul(m) / 2)
 }
 
 /// [`place`], and for a step longer than [`SCAN_REQUESTS`] what it cost in
@@ -1606,6 +1631,38 @@ mod tests {
         assert_eq!(budget(3000, 3000, Effort::times(2)), SEARCH_VISITS * 2 * 3000);
         // A scanned step's placement is costed by the caller (m²/2).
         assert_eq!(place_costed(&adamw_step(), &(0..83).collect::<Vec<u32>>()).1, None);
+    }
+
+    #[test]
+    fn a_long_step_whose_blocks_all_live_at_once_is_placed_by_scanning() {
+        // Two like halves whose requests live over most of the step (a
+        // paired profile of activations): each query of the segment tree
+        // finds nearly every placed block, so the placements after the
+        // first scan, and place as the tree does.
+        let mut next = xorshift(0x1357_9bdf_2468_ace0);
+        let h = 1100u32;
+        let half: Vec<(u64, u32)> =
+            (0..h).map(|k| (512 * (1 + next(4096)), h - k / 2 + next(u64::from(h / 4)) as u32)).collect();
+        let reqs: Vec<Request> = (0..2 * h)
+            .map(|k| {
+                let (bytes, life) = half[(k % h) as usize];
+                req(bytes, Some((k + life).min(2 * h)), None)
+            })
+            .collect();
+        assert!(reqs.len() > SCAN_REQUESTS);
+        let n = reqs.len() as u32;
+        let order: Vec<u32> = (0..n).filter(|&k| reqs[k as usize].plannable(k)).collect();
+        let m = order.len() as u64;
+        let (tree, visits) = place_costed(&reqs, &order);
+        assert!(scans(visits, m), "{visits:?} visits for {m} requests");
+        assert_eq!(place(&reqs, &order, true), tree);
+        assert!(valid(&reqs, &plan(&reqs)));
+        // The short-lived step before keeps the tree (it costs far less).
+        let pad = 2100u32;
+        let short: Vec<Request> = (0..pad).map(|k| req(512, Some(k + 1), None)).collect();
+        let order: Vec<u32> = (0..pad).collect();
+        assert!(!scans(place_costed(&short, &order).1, u64::from(pad)));
+        assert!(!scans(None, m));
     }
 
     #[test]
