@@ -13,7 +13,9 @@
 
 use proptest::prelude::*;
 use wasmem::alloc::{AllocError, Allocator, Stats};
-use wasmem::decision::{Plan, PlannerPolicy, PolicyContext, PolicyError, Refined, StepProfile, PLAN_ALIGN};
+use wasmem::decision::{
+    AliasedPlan, Plan, PlannerPolicy, PolicyContext, PolicyError, Refined, StepProfile, PLAN_ALIGN,
+};
 use wasmem::device::sim::{SimConfig, SimDevice};
 use wasmem::types::{Phase, StreamId, TensorId, TensorKind, GIB, KIB, MIB};
 
@@ -1127,6 +1129,61 @@ fn kept_output_step(layers: usize, act: u64, logits: u64) -> Vec<Req> {
         reqs[k].free_at = n + forward_end;
     }
     reqs
+}
+
+/// The built-in planner, counting the plain plans asked of profiles of
+/// more than `single` requests (two steps at a time) and the aliased ones.
+struct CountingPairs {
+    single: usize,
+    plain_pairs: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    aliased: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    inner: wasmem::builtin::GreedyPlanner,
+}
+
+impl PlannerPolicy for CountingPairs {
+    fn name(&self) -> &str {
+        "counting-pairs"
+    }
+    fn plan(&mut self, profile: &StepProfile, ctx: &PolicyContext) -> Result<Plan, PolicyError> {
+        if profile.requests.len() > self.single {
+            self.plain_pairs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.inner.plan(profile, ctx)
+    }
+    fn plan_aliased(&mut self, profile: &StepProfile, ctx: &PolicyContext) -> Result<Option<AliasedPlan>, PolicyError> {
+        self.aliased.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.plan_aliased(profile, ctx)
+    }
+}
+
+#[test]
+fn an_aliased_plan_at_the_live_bound_is_taken_without_asking_for_a_plain_one() {
+    // Steps planned two at a time: an aliased plan that holds no more than
+    // the pair's live bound in whole pages (and leaves nothing) is preferred
+    // to every plain plan, so the planner is not asked for one; the run is
+    // the same as the built-in planner's, which is asked.
+    let template = kept_output_step(8, 3 * MIB, 24 * MIB);
+    let plain_pairs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let aliased = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let planner = CountingPairs {
+        single: template.len(),
+        plain_pairs: plain_pairs.clone(),
+        aliased: aliased.clone(),
+        inner: wasmem::builtin::GreedyPlanner::default(),
+    };
+    let mut r = Run::with_planner(4 * GIB, Box::new(planner));
+    let per: Vec<Stats> = (0..8).map(|_| r.step(&template)).collect();
+    let counted = r.finish();
+    let mut b = Run::new("planned", 4 * GIB);
+    let built_in: Vec<Stats> = (0..8).map(|_| b.step(&template)).collect();
+    let reference = b.finish();
+    assert!(aliased.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+    assert_eq!(plain_pairs.load(std::sync::atomic::Ordering::Relaxed), 0, "{counted:?}");
+    assert!(counted.plan_hits > 0 && counted.plan_arena_bytes > 0, "{counted:?}");
+    assert_eq!(counted.plan_arena_bytes % (2 * MIB), 0);
+    let key = |s: &Stats| (s.plan_hits, s.plan_misses, s.device_alloc_calls, s.bytes.peak_reserved_bytes);
+    assert_eq!(per.iter().map(key).collect::<Vec<_>>(), built_in.iter().map(key).collect::<Vec<_>>());
+    assert_eq!(key(&counted), key(&reference));
 }
 
 #[test]

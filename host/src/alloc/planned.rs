@@ -2653,7 +2653,31 @@ impl<D: Device> Allocator<D> {
     fn make_plan(&mut self, profile: &StepProfile) -> Result<(), AllocError> {
         let room_left = self.room_left(profile);
         let asked = room_left.as_ref().map_or(profile, |(asked, _)| asked);
+        let page = self.device.granularity().max(1);
+        // What a plan leaves to the dynamic path.
+        let left = |offsets: &[Option<u64>]| -> u64 {
+            let reqs = &profile.requests;
+            (0..reqs.len())
+                .filter(|&k| offsets.get(k).is_none_or(Option::is_none) && reqs[k].plannable(k as u32))
+                .map(|k| reqs[k].planned_bytes())
+                .sum()
+        };
+        let aliased = self.ask_aliased(profile);
+        // An aliased plan that holds (with what it leaves) no more than the
+        // step's live bound in whole pages is preferred to every plain plan
+        // (none holds less than that bound, see `prefer_aliased`): the
+        // planner is not asked for one. (Steps planned two at a time are
+        // asked as they are: `room_left` and `guessed_holds` are for single
+        // steps.)
+        let at_bound = aliased.as_ref().is_some_and(|a| {
+            let core: Vec<wasmem_plan_core::Request> = profile.requests.iter().map(PlanRequest::core).collect();
+            let bound = wasmem_plan_core::live_bound(&core).div_ceil(page).saturating_mul(page);
+            let cost = a.arena_bytes.saturating_add(left(&a.offsets));
+            tracing::debug!(step = profile.step, cost, bound, "aliased plan against the live bound in pages");
+            cost <= bound
+        });
         let plain = match self.guessed_holds(asked) {
+            _ if at_bound => None,
             Some(plan) => Some(plan),
             None => self.ask_planner(asked)?,
         };
@@ -2668,7 +2692,6 @@ impl<D: Device> Allocator<D> {
         // aliased arena's zone where those lie is made only once they are
         // gone). A plain plan of two steps that a kept output crosses often
         // reaches its bound, but its arena rarely fits beside them.
-        let page = self.device.granularity().max(1);
         let high_water = self.planning.as_ref().map_or(0, |p| p.high_water);
         let high_water = high_water.max(self.stats.bytes.peak_reserved_bytes).saturating_add(page);
         let prefer_aliased = |aliased: u64, p: &Plan, left: u64| {
@@ -2676,14 +2699,7 @@ impl<D: Device> Allocator<D> {
             let at_install = install_point(&profile.requests, &p.offsets).1;
             aliased <= plain.div_ceil(page).saturating_mul(page) || plain.saturating_add(at_install) > high_water
         };
-        if let Some(aliased) = self.ask_aliased(profile) {
-            let left = |offsets: &[Option<u64>]| -> u64 {
-                let reqs = &profile.requests;
-                (0..reqs.len())
-                    .filter(|&k| offsets[k].is_none() && reqs[k].plannable(k as u32))
-                    .map(|k| reqs[k].planned_bytes())
-                    .sum()
-            };
+        if let Some(aliased) = aliased {
             let cost = aliased.arena_bytes + left(&aliased.offsets);
             if plain.as_ref().is_none_or(|p| prefer_aliased(cost, p, left(&p.offsets))) {
                 let p = self.planning.as_mut().expect("planning is on");
